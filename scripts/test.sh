@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite: makes sure PostgreSQL and the tansu broker run, then runs every
+# test against them, then clippy with warnings as errors.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/services.sh start
+export PUSHPACE_TEST_BROKERS=${PUSHPACE_TEST_BROKERS:-127.0.0.1:9092}
+export PUSHPACE_TEST_PG=${PUSHPACE_TEST_PG:-postgres://postgres@127.0.0.1:5432}
+export PUSHPACE_TANSU_BIN=${PUSHPACE_TANSU_BIN:-${PUSHPACE_TOOLS_DIR:-$HOME/.cache/pushpace}/tansu-0.6.0/bin/tansu}
+
+cargo fmt --all -- --check
+cargo test --all-targets -- --test-threads "${PUSHPACE_TEST_THREADS:-4}"
+cargo clippy --all-targets -- -D warnings

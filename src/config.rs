@@ -1,0 +1,482 @@
+//! Layered settings, as zero2prod does it.
+//!
+//! Layers, lowest first:
+//! 1. `config/base.toml`, embedded in the binary so that it runs from anywhere;
+//!    a `base.toml` in the config directory replaces the embedded one when present;
+//! 2. `config/<PUSHPACE_ENV>.toml` (default `local`; `production` is shipped too);
+//! 3. environment variables `PUSHPACE__SECTION__KEY` (e.g. `PUSHPACE__KAFKA__BROKERS`);
+//! 4. command-line overrides (`--set section.key=value` and the named flags).
+//!
+//! The result is deserialised into typed structs and validated once; an invalid value
+//! fails start-up with a message naming the key and the reason. Secrets
+//! (`http.admin_token`, `database.url`, which may hold a password) are `SecretString`s,
+//! so neither `Debug` nor logs ever show them.
+
+use crate::limiter::{Algorithm, Rate};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const EMBEDDED_BASE: &str = include_str!("../config/base.toml");
+const EMBEDDED_LOCAL: &str = include_str!("../config/local.toml");
+const EMBEDDED_PRODUCTION: &str = include_str!("../config/production.toml");
+
+/// Errors while loading settings.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{key}: {reason}")]
+    Invalid { key: &'static str, reason: String },
+    #[error("configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("--set {0:?}: expected section.key=value")]
+    BadOverride(String),
+    #[error("environment {env:?}: no file {path} and no embedded default")]
+    UnknownEnvironment { env: String, path: PathBuf },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// All of pushpace's settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub kafka: KafkaSettings,
+    pub database: DatabaseSettings,
+    pub worker: WorkerSettings,
+    pub limiter: LimiterSettings,
+    pub sender: SenderSettings,
+    pub http: HttpSettings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IsolationLevel {
+    ReadCommitted,
+    ReadUncommitted,
+}
+
+impl IsolationLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IsolationLevel::ReadCommitted => "read_committed",
+            IsolationLevel::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// `host:port[,host:port…]`, or `embedded` for librdkafka's in-process mock cluster.
+    pub brokers: String,
+    pub topic: String,
+    pub group_id: String,
+    pub dead_letter_topic: String,
+    pub partitions: i32,
+    pub isolation_level: IsolationLevel,
+    pub commit_interval_ms: u64,
+    pub session_timeout_ms: u64,
+}
+
+impl KafkaSettings {
+    pub fn is_embedded(&self) -> bool {
+        self.brokers == "embedded"
+    }
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub url: SecretString,
+    pub max_connections: u32,
+    pub connect_timeout_ms: u64,
+}
+
+impl DatabaseSettings {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// The URL with any password replaced, for logs and messages.
+    pub fn url_for_display(&self) -> String {
+        redact_url(self.url.expose_secret())
+    }
+}
+
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &self.url_for_display())
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .finish()
+    }
+}
+
+/// Replaces the password of a URL with `***`; unparsable input is hidden whole.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "<unparsable url>".to_string(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    pub max_active_campaigns: usize,
+    pub quantum_min_ms: u64,
+    pub quantum_max_ms: u64,
+    pub stats_flush_ms: u64,
+    pub drain_timeout_ms: u64,
+    pub max_buffered_jobs: usize,
+    pub max_buffered_devices: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimiterSettings {
+    pub algorithm: Algorithm,
+    pub burst: u32,
+    /// The rate of a campaign whose first job names none.
+    pub send_rate: f64,
+    /// A cap over all campaigns of this worker; 0 disables it.
+    pub global_rate: f64,
+}
+
+impl LimiterSettings {
+    pub fn default_rate(&self) -> Rate {
+        // Validated in `Settings::validate`, so this cannot fail afterwards.
+        Rate::per_second(self.send_rate).unwrap_or_else(|_| unreachable_rate())
+    }
+
+    pub fn global_rate(&self) -> Option<Rate> {
+        (self.global_rate > 0.0)
+            .then(|| Rate::per_second(self.global_rate).unwrap_or_else(|_| unreachable_rate()))
+    }
+}
+
+fn unreachable_rate() -> Rate {
+    // Only reachable if a caller built LimiterSettings by hand without validating.
+    Rate::per_second(1.0).expect("1/s is a valid rate")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SenderKind {
+    Http,
+    Null,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SenderSettings {
+    pub kind: SenderKind,
+    pub url: String,
+    pub timeout_ms: u64,
+    pub max_in_flight: usize,
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt (with full jitter) up to `retry_max_ms`.
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    /// Speak HTTP/2 without negotiation (h2c) to a plain-text provider.
+    pub http2_prior_knowledge: bool,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub bind: SocketAddr,
+    /// Empty means "not configured": mutating endpoints are then refused.
+    pub admin_token: SecretString,
+}
+
+impl HttpSettings {
+    pub fn admin_token(&self) -> Option<&str> {
+        let t = self.admin_token.expose_secret();
+        (!t.is_empty()).then_some(t)
+    }
+}
+
+impl std::fmt::Debug for HttpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpSettings")
+            .field("bind", &self.bind)
+            .field(
+                "admin_token",
+                &if self.admin_token().is_some() {
+                    "[set]"
+                } else {
+                    "[not set]"
+                },
+            )
+            .finish()
+    }
+}
+
+/// Where to load settings from and what to put on top.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Directory with base.toml and <env>.toml; `config/` when it exists, else embedded only.
+    pub config_dir: Option<PathBuf>,
+    /// The environment; `PUSHPACE_ENV`, else `local`.
+    pub environment: Option<String>,
+    /// `section.key=value` pairs, highest precedence.
+    pub overrides: Vec<String>,
+}
+
+impl Settings {
+    /// Loads and validates settings from the layers described in the module doc.
+    pub fn load(options: &LoadOptions) -> Result<Settings, ConfigError> {
+        Self::load_with_env(options, |k| std::env::var(k).ok(), std::env::vars())
+    }
+
+    fn load_with_env(
+        options: &LoadOptions,
+        var: impl Fn(&str) -> Option<String>,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        use config::{Config, File, FileFormat};
+
+        let environment = options
+            .environment
+            .clone()
+            .or_else(|| var("PUSHPACE_ENV"))
+            .unwrap_or_else(|| "local".to_string());
+        let dir = options.config_dir.clone().or_else(|| {
+            let d = Path::new("config");
+            d.join("base.toml").is_file().then(|| d.to_path_buf())
+        });
+
+        let mut builder = Config::builder();
+        let base_file = dir.as_ref().map(|d| d.join("base.toml"));
+        builder = match base_file.filter(|p| p.is_file()) {
+            Some(p) => builder.add_source(File::from(p).format(FileFormat::Toml)),
+            None => builder.add_source(File::from_str(EMBEDDED_BASE, FileFormat::Toml)),
+        };
+        let env_file = dir.as_ref().map(|d| d.join(format!("{environment}.toml")));
+        builder = match (env_file, environment.as_str()) {
+            (Some(p), _) if p.is_file() => {
+                builder.add_source(File::from(p).format(FileFormat::Toml))
+            }
+            (_, "local") => builder.add_source(File::from_str(EMBEDDED_LOCAL, FileFormat::Toml)),
+            (_, "production") => {
+                builder.add_source(File::from_str(EMBEDDED_PRODUCTION, FileFormat::Toml))
+            }
+            (p, _) => {
+                return Err(ConfigError::UnknownEnvironment {
+                    path: p.unwrap_or_else(|| PathBuf::from(format!("{environment}.toml"))),
+                    env: environment,
+                })
+            }
+        };
+        let env_source = config::Environment::with_prefix("PUSHPACE")
+            .prefix_separator("__")
+            .separator("__")
+            .source(Some(vars.collect()));
+        builder = builder.add_source(env_source);
+        for pair in &options.overrides {
+            let (key, value) = pair
+                .split_once('=')
+                .filter(|(k, _)| k.contains('.'))
+                .ok_or_else(|| ConfigError::BadOverride(pair.clone()))?;
+            builder = builder.set_override(key.trim(), value.trim())?;
+        }
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks every value that its type alone cannot guarantee.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let k = &self.kafka;
+        if k.brokers.trim().is_empty() {
+            return Err(invalid("kafka.brokers", "must not be empty"));
+        }
+        if !k.is_embedded() {
+            for b in k.brokers.split(',') {
+                let host = b.trim().rsplit_once(':').map(|(h, _)| h);
+                if !matches!(host, Some(h) if !h.is_empty()) {
+                    return Err(invalid(
+                        "kafka.brokers",
+                        format!("{b:?} is not host:port (or use \"embedded\")"),
+                    ));
+                }
+            }
+        }
+        for (key, v) in [
+            ("kafka.topic", &k.topic),
+            ("kafka.group_id", &k.group_id),
+            ("kafka.dead_letter_topic", &k.dead_letter_topic),
+        ] {
+            if v.trim().is_empty() {
+                return Err(invalid(key, "must not be empty"));
+            }
+        }
+        if k.topic == k.dead_letter_topic {
+            return Err(invalid(
+                "kafka.dead_letter_topic",
+                "must differ from kafka.topic",
+            ));
+        }
+        if !(1..=1024).contains(&k.partitions) {
+            return Err(invalid("kafka.partitions", "must be 1–1024"));
+        }
+        if k.commit_interval_ms == 0 {
+            return Err(invalid("kafka.commit_interval_ms", "must be > 0"));
+        }
+        if crate::store::connect_options(self.database.url.expose_secret()).is_err() {
+            return Err(invalid(
+                "database.url",
+                "is not a postgres:// URL (value hidden: it may hold a password)",
+            ));
+        }
+        if self.database.max_connections == 0 {
+            return Err(invalid("database.max_connections", "must be > 0"));
+        }
+        let w = &self.worker;
+        if !(1..=10_000).contains(&w.max_active_campaigns) {
+            return Err(invalid("worker.max_active_campaigns", "must be 1–10000"));
+        }
+        if !(10..=1000).contains(&w.quantum_min_ms) {
+            return Err(invalid("worker.quantum_min_ms", "must be 10–1000"));
+        }
+        if !(w.quantum_min_ms..=1000).contains(&w.quantum_max_ms) {
+            return Err(invalid(
+                "worker.quantum_max_ms",
+                "must be between worker.quantum_min_ms and 1000",
+            ));
+        }
+        if !(10..=60_000).contains(&w.stats_flush_ms) {
+            return Err(invalid("worker.stats_flush_ms", "must be 10–60000"));
+        }
+        if w.max_buffered_jobs == 0 {
+            return Err(invalid("worker.max_buffered_jobs", "must be > 0"));
+        }
+        if w.max_buffered_devices == 0 {
+            return Err(invalid("worker.max_buffered_devices", "must be > 0"));
+        }
+        Rate::per_second(self.limiter.send_rate)
+            .map_err(|e| invalid("limiter.send_rate", e.to_string()))?;
+        if self.limiter.global_rate != 0.0 {
+            Rate::per_second(self.limiter.global_rate)
+                .map_err(|e| invalid("limiter.global_rate", format!("{e} (or 0 for none)")))?;
+        }
+        let s = &self.sender;
+        if s.kind == SenderKind::Http {
+            match url::Url::parse(&s.url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+                _ => return Err(invalid("sender.url", "must be an http:// or https:// URL")),
+            }
+        }
+        if s.timeout_ms == 0 {
+            return Err(invalid("sender.timeout_ms", "must be > 0"));
+        }
+        if s.max_in_flight == 0 {
+            return Err(invalid("sender.max_in_flight", "must be > 0"));
+        }
+        if s.max_attempts == 0 {
+            return Err(invalid("sender.max_attempts", "must be > 0"));
+        }
+        if s.retry_base_ms == 0 || s.retry_max_ms < s.retry_base_ms {
+            return Err(invalid(
+                "sender.retry_max_ms",
+                "retry_base_ms must be > 0 and retry_max_ms ≥ retry_base_ms",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(env: &[(&str, &str)], overrides: &[&str]) -> Result<Settings, ConfigError> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let lookup = env.clone();
+        Settings::load_with_env(
+            &LoadOptions {
+                config_dir: Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config")),
+                environment: None,
+                overrides: overrides.iter().map(|s| s.to_string()).collect(),
+            },
+            move |k| lookup.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            env.into_iter(),
+        )
+    }
+
+    #[test]
+    fn layers_apply_in_order() {
+        let s = load(&[], &[]).unwrap();
+        assert_eq!(s.kafka.topic, "pushpace.jobs");
+        // local.toml overrides base.toml.
+        assert_eq!(s.kafka.isolation_level, IsolationLevel::ReadUncommitted);
+        let s = load(&[("PUSHPACE_ENV", "production")], &[]).unwrap();
+        assert_eq!(s.kafka.isolation_level, IsolationLevel::ReadCommitted);
+        assert_eq!(s.sender.max_in_flight, 2048);
+        // Environment beats files; flags beat environment.
+        let s = load(
+            &[
+                ("PUSHPACE__KAFKA__BROKERS", "127.0.0.1:19092"),
+                ("PUSHPACE__WORKER__STATS_FLUSH_MS", "500"),
+            ],
+            &["worker.stats_flush_ms=250"],
+        )
+        .unwrap();
+        assert_eq!(s.kafka.brokers, "127.0.0.1:19092");
+        assert_eq!(s.worker.stats_flush_ms, 250);
+    }
+
+    #[test]
+    fn invalid_values_name_the_key() {
+        let e = load(&[("PUSHPACE__KAFKA__TOPIC", " ")], &[]).unwrap_err();
+        assert_eq!(e.to_string(), "kafka.topic: must not be empty");
+        let e = load(&[], &["limiter.send_rate=0"]).unwrap_err();
+        assert!(e.to_string().starts_with("limiter.send_rate: "), "{e}");
+        let e = load(&[], &["worker.quantum_max_ms=5"]).unwrap_err();
+        assert!(e.to_string().starts_with("worker.quantum_max_ms"), "{e}");
+        let e = load(&[], &["limiter.algorithm=magic"]).unwrap_err();
+        assert!(e.to_string().contains("magic"), "{e}");
+        let e = load(&[("PUSHPACE_ENV", "nowhere")], &[]).unwrap_err();
+        assert!(e.to_string().contains("nowhere"), "{e}");
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug() {
+        let s = load(
+            &[
+                ("PUSHPACE__HTTP__ADMIN_TOKEN", "tok-very-secret"),
+                (
+                    "PUSHPACE__DATABASE__URL",
+                    "postgres://app:hunter2@127.0.0.1:5432/pushpace",
+                ),
+            ],
+            &[],
+        )
+        .unwrap();
+        let dbg = format!("{s:?}");
+        assert!(!dbg.contains("tok-very-secret"), "{dbg}");
+        assert!(!dbg.contains("hunter2"), "{dbg}");
+        assert_eq!(s.http.admin_token(), Some("tok-very-secret"));
+        assert_eq!(
+            s.database.url_for_display(),
+            "postgres://app:***@127.0.0.1:5432/pushpace"
+        );
+    }
+}

@@ -1,0 +1,718 @@
+//! Job messages: decoding and validation of the JSON that arrives on the jobs topic.
+//!
+//! A job is one notification (`payload`) for a list of device tokens, belonging to one
+//! campaign. [`decode`] turns a Kafka message (value and key) into a validated [`Job`] or
+//! a [`JobError`] that says which field is wrong and how, so that a person reading the
+//! dead-letter table can act on it. The rules are in `docs/JOB_FORMAT.md`.
+//!
+//! Decoding is a single pass over the message with a hand-written serde visitor: strings
+//! are copied once into the job, the payload is kept as raw JSON text (never re-encoded,
+//! so the provider receives the producer's bytes), unknown fields are skipped without
+//! being materialised, and a field error stops the parse at once.
+
+use crate::limiter::{Algorithm, Rate, RateError};
+use crate::store::DeadLetterKind;
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::fmt;
+use std::io::Write;
+
+/// Largest message value accepted, in bytes (1 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// Longest `job_id` / `campaign_id`, in characters.
+pub const MAX_ID_CHARS: usize = 128;
+/// Most device tokens in one job.
+pub const MAX_DEVICES: usize = 10_000;
+/// Longest device token, in bytes.
+pub const MAX_DEVICE_TOKEN_BYTES: usize = 4096;
+/// Largest payload, in bytes of JSON text.
+pub const MAX_PAYLOAD_BYTES: usize = 4096;
+
+/// Longest reason text kept in an error; echoed input beyond this is cut.
+const MAX_REASON_CHARS: usize = 300;
+/// Longest echo of a bad value inside a reason.
+const MAX_ECHO_CHARS: usize = 48;
+
+/// A validated job. Build one with [`decode`] or [`Job::new`]; both apply the same rules.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// 1–128 characters from `[A-Za-z0-9._:-]`.
+    pub job_id: String,
+    /// 1–128 characters from `[A-Za-z0-9._:-]`; also the Kafka message key.
+    pub campaign_id: String,
+    /// Used when the campaign is first seen; the campaign's stored settings win after that.
+    pub send_rate: Option<Rate>,
+    /// Used when the campaign is first seen, like `send_rate`.
+    pub algorithm: Option<Algorithm>,
+    /// 1–10,000 device tokens, each 1–4,096 bytes.
+    pub devices: Vec<String>,
+    /// A JSON object of at most 4 KiB, exactly as the producer wrote it.
+    pub payload: Box<RawValue>,
+}
+
+impl PartialEq for Job {
+    fn eq(&self, other: &Self) -> bool {
+        self.job_id == other.job_id
+            && self.campaign_id == other.campaign_id
+            && self.send_rate == other.send_rate
+            && self.algorithm == other.algorithm
+            && self.devices == other.devices
+            && self.payload.get() == other.payload.get()
+    }
+}
+
+/// Why a message is not a job. [`JobError::kind`] says which dead-letter kind it gets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobError {
+    /// The message is over [`MAX_MESSAGE_BYTES`].
+    #[error("message is {size} bytes; the limit is {limit} bytes (1 MiB)")]
+    TooLarge { size: usize, limit: usize },
+    /// The message is not UTF-8.
+    #[error("message is not valid UTF-8: {0}")]
+    NotUtf8(String),
+    /// The message is not JSON (or is empty, or has trailing data).
+    #[error("message is not valid JSON: {0}")]
+    NotJson(String),
+    /// The message is JSON, but not an object.
+    #[error("message must be a JSON object, got {0}")]
+    NotObject(&'static str),
+    /// A field breaks the job rules. `field` is a path such as `devices[3]` or `key`.
+    #[error("{field}: {problem}")]
+    Field { field: String, problem: String },
+}
+
+impl JobError {
+    /// The dead-letter kind: malformed when the message is not a JSON object at all,
+    /// invalid when it is one but breaks a rule.
+    pub fn kind(&self) -> DeadLetterKind {
+        match self {
+            JobError::TooLarge { .. }
+            | JobError::NotUtf8(_)
+            | JobError::NotJson(_)
+            | JobError::NotObject(_) => DeadLetterKind::MalformedJob,
+            JobError::Field { .. } => DeadLetterKind::InvalidJob,
+        }
+    }
+
+    /// The offending field's path, for invalid jobs.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            JobError::Field { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    fn field_problem(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        JobError::Field {
+            field: field.into(),
+            problem: clip(problem.into()),
+        }
+    }
+}
+
+/// Decodes and validates a job from a Kafka message `value`, checking that the message
+/// `key`, when there is one, equals the job's `campaign_id`.
+pub fn decode(value: &[u8], key: Option<&[u8]>) -> Result<Job, JobError> {
+    if value.len() > MAX_MESSAGE_BYTES {
+        return Err(JobError::TooLarge {
+            size: value.len(),
+            limit: MAX_MESSAGE_BYTES,
+        });
+    }
+    // Checking UTF-8 up front lets serde_json read from a &str and skip its own checks.
+    let text = std::str::from_utf8(value).map_err(|e| {
+        JobError::NotUtf8(format!(
+            "invalid byte sequence at offset {}",
+            e.valid_up_to()
+        ))
+    })?;
+    match text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .bytes()
+        .next()
+    {
+        Some(b'{') => {}
+        None => return Err(JobError::NotJson("the message is empty".into())),
+        Some(_) => {
+            return Err(match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(v) => JobError::NotObject(json_type_name(&v)),
+                Err(e) => JobError::NotJson(e.to_string()),
+            })
+        }
+    }
+
+    let mut slot = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let parsed = JobSeed { slot: &mut slot }
+        .deserialize(&mut de)
+        .and_then(|job| de.end().map(|()| job));
+    let job = match parsed {
+        Ok(job) => job,
+        Err(e) => return Err(classify_failure(text, e, slot)),
+    };
+
+    if let Some(key) = key {
+        if key != job.campaign_id.as_bytes() {
+            return Err(JobError::field_problem(
+                "key",
+                format!(
+                    "the message key {} does not match campaign_id {}; produce jobs with the campaign_id as key",
+                    echo(&String::from_utf8_lossy(key)),
+                    echo(&job.campaign_id)
+                ),
+            ));
+        }
+    }
+    Ok(job)
+}
+
+/// Turns a failed parse into the error a person should see. A syntax error anywhere in
+/// the message makes it malformed, even when a field error was met first.
+fn classify_failure(text: &str, e: serde_json::Error, slot: Option<JobError>) -> JobError {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Syntax | Category::Eof | Category::Io => JobError::NotJson(e.to_string()),
+        Category::Data => match serde_json::from_str::<IgnoredAny>(text) {
+            Err(syntax) => JobError::NotJson(syntax.to_string()),
+            Ok(_) => slot.unwrap_or_else(|| JobError::NotJson(e.to_string())),
+        },
+    }
+}
+
+impl Job {
+    /// Builds a job from parts, applying the same rules as [`decode`].
+    pub fn new(
+        job_id: impl Into<String>,
+        campaign_id: impl Into<String>,
+        devices: Vec<String>,
+        payload: Box<RawValue>,
+    ) -> Result<Self, JobError> {
+        let job_id = job_id.into();
+        let campaign_id = campaign_id.into();
+        check_id("job_id", &job_id)?;
+        check_id("campaign_id", &campaign_id)?;
+        if devices.is_empty() || devices.len() > MAX_DEVICES {
+            return Err(devices_count_error(devices.len()));
+        }
+        for (i, token) in devices.iter().enumerate() {
+            check_token(i, token)?;
+        }
+        check_payload(&payload)?;
+        Ok(Job {
+            job_id,
+            campaign_id,
+            send_rate: None,
+            algorithm: None,
+            devices,
+            payload,
+        })
+    }
+
+    /// Sets the optional send rate.
+    pub fn with_send_rate(mut self, rate: Rate) -> Self {
+        self.send_rate = Some(rate);
+        self
+    }
+
+    /// Sets the optional algorithm.
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = Some(algorithm);
+        self
+    }
+
+    /// Encodes the job as a message value that [`decode`] accepts (for producers).
+    /// The payload is written verbatim.
+    pub fn to_json(&self) -> Vec<u8> {
+        let tokens: usize = self.devices.iter().map(|d| d.len() + 3).sum();
+        let mut out = Vec::with_capacity(128 + tokens + self.payload.get().len());
+        self.write_json(&mut out);
+        out
+    }
+
+    fn write_json(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"job_id\":");
+        write_json_str(out, &self.job_id);
+        out.extend_from_slice(b",\"campaign_id\":");
+        write_json_str(out, &self.campaign_id);
+        if let Some(rate) = self.send_rate {
+            // Rates are finite (Rate guarantees it), so this always writes a JSON number.
+            let _ = write!(out, ",\"send_rate\":{}", rate.as_f64());
+        }
+        if let Some(algorithm) = self.algorithm {
+            out.extend_from_slice(b",\"algorithm\":\"");
+            out.extend_from_slice(algorithm.as_str().as_bytes());
+            out.push(b'"');
+        }
+        out.extend_from_slice(b",\"devices\":[");
+        for (i, token) in self.devices.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_json_str(out, token);
+        }
+        out.extend_from_slice(b"],\"payload\":");
+        out.extend_from_slice(self.payload.get().as_bytes());
+        out.push(b'}');
+    }
+}
+
+/// Appends `s` as a JSON string literal, escaped by serde_json.
+pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a &str into a Vec cannot fail: serde_json only errors on I/O.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn json_type_name(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// A short, escaped echo of a user value: safe to store and to print.
+fn echo(s: &str) -> String {
+    let n = s.chars().count();
+    if n <= MAX_ECHO_CHARS {
+        format!("{s:?}")
+    } else {
+        let head: String = s.chars().take(MAX_ECHO_CHARS).collect();
+        format!("{head:?}… ({n} characters)")
+    }
+}
+
+fn clip(mut s: String) -> String {
+    if s.chars().count() > MAX_REASON_CHARS {
+        let cut = s
+            .char_indices()
+            .nth(MAX_REASON_CHARS)
+            .map_or(s.len(), |(i, _)| i);
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+fn id_char_ok(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
+}
+
+fn check_id(field: &'static str, id: &str) -> Result<(), JobError> {
+    if let Some((pos, c)) = id
+        .char_indices()
+        .find(|&(_, c)| !(c.is_ascii() && id_char_ok(c as u8)))
+    {
+        let at = id[..pos].chars().count();
+        return Err(JobError::field_problem(
+            field,
+            format!(
+                "{} contains {c:?} at character {at}; only A-Z, a-z, 0-9 and . _ : - are allowed",
+                echo(id)
+            ),
+        ));
+    }
+    // Only ASCII is left, so bytes are characters.
+    if id.is_empty() || id.len() > MAX_ID_CHARS {
+        return Err(JobError::field_problem(
+            field,
+            format!(
+                "must be 1–{MAX_ID_CHARS} characters from [A-Za-z0-9._:-], got {}",
+                id.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_token(index: usize, token: &str) -> Result<(), JobError> {
+    if token.is_empty() || token.len() > MAX_DEVICE_TOKEN_BYTES {
+        return Err(JobError::field_problem(
+            format!("devices[{index}]"),
+            format!(
+                "must be 1–{MAX_DEVICE_TOKEN_BYTES} bytes, got {}",
+                token.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn devices_count_error(n: usize) -> JobError {
+    JobError::field_problem(
+        "devices",
+        format!("must hold 1–{MAX_DEVICES} device tokens, got {n}"),
+    )
+}
+
+fn check_payload(payload: &RawValue) -> Result<(), JobError> {
+    let raw = payload.get();
+    if !raw.starts_with('{') {
+        let kind = match raw.as_bytes().first() {
+            Some(b'[') => "an array",
+            Some(b'"') => "a string",
+            Some(b't' | b'f') => "a boolean",
+            Some(b'n') => "null",
+            _ => "a number",
+        };
+        return Err(JobError::field_problem(
+            "payload",
+            format!("must be a JSON object, got {kind}"),
+        ));
+    }
+    if raw.len() > MAX_PAYLOAD_BYTES {
+        return Err(JobError::field_problem(
+            "payload",
+            format!(
+                "must be at most {MAX_PAYLOAD_BYTES} bytes of JSON, got {}",
+                raw.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn rate_problem(e: &RateError) -> String {
+    match e {
+        RateError::NotFinite(v) => format!("must be a finite number, got {v}"),
+        RateError::NotPositive(v) => format!("must be greater than 0 sends per second, got {v}"),
+        RateError::TooHigh(v) => format!(
+            "must be at most {} sends per second, got {v}",
+            crate::limiter::MAX_RATE_PER_SECOND
+        ),
+    }
+}
+
+/// Records `problem` for `field` (unless a deeper error is already recorded) and returns
+/// the serde error that unwinds the parse. The structured error travels in the slot
+/// because serde errors carry only text.
+fn fail<E: de::Error>(
+    slot: &mut Option<JobError>,
+    field: impl FnOnce() -> String,
+    problem: impl FnOnce() -> String,
+) -> E {
+    if slot.is_none() {
+        *slot = Some(JobError::field_problem(field(), problem()));
+    }
+    E::custom("invalid job")
+}
+
+/// Like [`fail`] for an error raised by serde itself (a wrong type), keeping its text.
+fn wrap<E: de::Error + fmt::Display>(
+    slot: &mut Option<JobError>,
+    field: impl FnOnce() -> String,
+    e: E,
+) -> E {
+    if slot.is_none() {
+        *slot = Some(JobError::field_problem(field(), e.to_string()));
+    }
+    e
+}
+
+enum Field {
+    JobId,
+    CampaignId,
+    SendRate,
+    Algorithm,
+    Devices,
+    Payload,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct FieldVisitor;
+        impl Visitor<'_> for FieldVisitor {
+            type Value = Field;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Field, E> {
+                Ok(match v {
+                    "job_id" => Field::JobId,
+                    "campaign_id" => Field::CampaignId,
+                    "send_rate" => Field::SendRate,
+                    "algorithm" => Field::Algorithm,
+                    "devices" => Field::Devices,
+                    "payload" => Field::Payload,
+                    _ => Field::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(FieldVisitor)
+    }
+}
+
+impl Field {
+    fn name(&self) -> &'static str {
+        match self {
+            Field::JobId => "job_id",
+            Field::CampaignId => "campaign_id",
+            Field::SendRate => "send_rate",
+            Field::Algorithm => "algorithm",
+            Field::Devices => "devices",
+            Field::Payload => "payload",
+            Field::Other => "",
+        }
+    }
+}
+
+struct JobSeed<'s> {
+    slot: &'s mut Option<JobError>,
+}
+
+impl<'de> DeserializeSeed<'de> for JobSeed<'_> {
+    type Value = Job;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Job, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for JobSeed<'_> {
+    type Value = Job;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a job object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Job, A::Error> {
+        let slot = self.slot;
+        let mut job_id: Option<String> = None;
+        let mut campaign_id: Option<String> = None;
+        let mut send_rate: Option<Option<Rate>> = None;
+        let mut algorithm: Option<Option<Algorithm>> = None;
+        let mut devices: Option<Vec<String>> = None;
+        let mut payload: Option<Box<RawValue>> = None;
+
+        while let Some(field) = map.next_key::<Field>()? {
+            let name = field.name();
+            let seen = match field {
+                Field::JobId => job_id.is_some(),
+                Field::CampaignId => campaign_id.is_some(),
+                Field::SendRate => send_rate.is_some(),
+                Field::Algorithm => algorithm.is_some(),
+                Field::Devices => devices.is_some(),
+                Field::Payload => payload.is_some(),
+                Field::Other => false,
+            };
+            if seen {
+                // Two values for one field could be read differently by other parsers.
+                return Err(fail(
+                    slot,
+                    || name.into(),
+                    || "appears more than once".into(),
+                ));
+            }
+            match field {
+                Field::JobId | Field::CampaignId => {
+                    let id: String = map
+                        .next_value()
+                        .map_err(|e| wrap(slot, || name.into(), e))?;
+                    check_id(name, &id)
+                        .map_err(|e| fail(slot, || name.into(), || problem_of(e)))?;
+                    if matches!(field, Field::JobId) {
+                        job_id = Some(id);
+                    } else {
+                        campaign_id = Some(id);
+                    }
+                }
+                Field::SendRate => {
+                    let v: Option<RateNumber> = map
+                        .next_value()
+                        .map_err(|e| wrap(slot, || name.into(), e))?;
+                    let rate = match v {
+                        None => None,
+                        Some(RateNumber(n)) => Some(
+                            Rate::per_second(n)
+                                .map_err(|e| fail(slot, || name.into(), || rate_problem(&e)))?,
+                        ),
+                    };
+                    send_rate = Some(rate);
+                }
+                Field::Algorithm => {
+                    let v: Option<AlgorithmName> = map
+                        .next_value()
+                        .map_err(|e| wrap(slot, || name.into(), e))?;
+                    algorithm = Some(v.map(|a| a.0));
+                }
+                Field::Devices => {
+                    let list = map
+                        .next_value_seed(DevicesSeed { slot: &mut *slot })
+                        .map_err(|e| wrap(slot, || name.into(), e))?;
+                    devices = Some(list);
+                }
+                Field::Payload => {
+                    let raw: &'de RawValue = map
+                        .next_value()
+                        .map_err(|e| wrap(slot, || name.into(), e))?;
+                    check_payload(raw).map_err(|e| fail(slot, || name.into(), || problem_of(e)))?;
+                    payload = Some(raw.to_owned());
+                }
+                Field::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+
+        let mut missing = |name: &'static str, what: &'static str| -> A::Error {
+            fail(
+                slot,
+                || name.into(),
+                || format!("missing; required: {what}"),
+            )
+        };
+        let Some(job_id) = job_id else {
+            return Err(missing(
+                "job_id",
+                "a string of 1–128 characters from [A-Za-z0-9._:-]",
+            ));
+        };
+        let Some(campaign_id) = campaign_id else {
+            return Err(missing(
+                "campaign_id",
+                "a string of 1–128 characters from [A-Za-z0-9._:-]",
+            ));
+        };
+        let Some(devices) = devices else {
+            return Err(missing(
+                "devices",
+                "an array of 1–10000 device token strings",
+            ));
+        };
+        let Some(payload) = payload else {
+            return Err(missing("payload", "a JSON object of at most 4096 bytes"));
+        };
+        Ok(Job {
+            job_id,
+            campaign_id,
+            send_rate: send_rate.flatten(),
+            algorithm: algorithm.flatten(),
+            devices,
+            payload,
+        })
+    }
+}
+
+fn problem_of(e: JobError) -> String {
+    match e {
+        JobError::Field { problem, .. } => problem,
+        other => other.to_string(),
+    }
+}
+
+/// A send rate as written: any JSON number.
+struct RateNumber(f64);
+
+impl<'de> Deserialize<'de> for RateNumber {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = RateNumber;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a number of sends per second")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RateNumber, E> {
+                Ok(RateNumber(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RateNumber, E> {
+                Ok(RateNumber(v as f64))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RateNumber, E> {
+                Ok(RateNumber(v as f64))
+            }
+        }
+        d.deserialize_f64(V)
+    }
+}
+
+/// An algorithm name, parsed without allocating.
+struct AlgorithmName(Algorithm);
+
+impl<'de> Deserialize<'de> for AlgorithmName {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = AlgorithmName;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an algorithm name")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<AlgorithmName, E> {
+                v.parse()
+                    .map(AlgorithmName)
+                    .map_err(|_| {
+                        E::custom(format_args!(
+                            "unknown algorithm {}; expected one of leaky-bucket, token-bucket, fixed-window, sliding-log, sliding-window, gcra, governor",
+                            echo(v)
+                        ))
+                    })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+struct DevicesSeed<'s> {
+    slot: &'s mut Option<JobError>,
+}
+
+impl<'de> DeserializeSeed<'de> for DevicesSeed<'_> {
+    type Value = Vec<String>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Vec<String>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DevicesSeed<'_> {
+    type Value = Vec<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of device token strings")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+        let slot = self.slot;
+        let mut out: Vec<String> =
+            Vec::with_capacity(seq.size_hint().unwrap_or(16).min(MAX_DEVICES));
+        loop {
+            if out.len() == MAX_DEVICES {
+                // Count the rest without keeping it, so the reason gives the real size.
+                let mut extra = 0usize;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    extra += 1;
+                }
+                if extra > 0 {
+                    let n = MAX_DEVICES + extra;
+                    return Err(fail(
+                        slot,
+                        || "devices".into(),
+                        || problem_of(devices_count_error(n)),
+                    ));
+                }
+                break;
+            }
+            let i = out.len();
+            match seq
+                .next_element::<String>()
+                .map_err(|e| wrap(slot, || format!("devices[{i}]"), e))?
+            {
+                Some(token) => {
+                    check_token(i, &token)
+                        .map_err(|e| fail(slot, || format!("devices[{i}]"), || problem_of(e)))?;
+                    out.push(token);
+                }
+                None => break,
+            }
+        }
+        if out.is_empty() {
+            return Err(fail(
+                slot,
+                || "devices".into(),
+                || problem_of(devices_count_error(0)),
+            ));
+        }
+        Ok(out)
+    }
+}

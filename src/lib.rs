@@ -1,0 +1,35 @@
+//! pushpace paces push-notification sends.
+//!
+//! Jobs (one notification for a list of device tokens, keyed by campaign) arrive from
+//! Kafka; a scheduler shares each quantum among up to 100 active campaigns; every send
+//! passes through a [`limiter::RateLimiter`] at the campaign's `send_rate`; a sender
+//! delivers it; per-second counts are flushed to PostgreSQL in batches.
+//!
+//! Modules, in data-path order:
+//! - [`broker`]: Kafka client configuration, topic creation and the embedded mock broker.
+//! - [`job`]: decoding and validating job messages.
+//! - [`limiter`]: the `RateLimiter` trait, its algorithms, clocks and the `Rate` type.
+//! - [`sender`]: the `Sender` trait, the HTTP provider sender and the null sender.
+//! - [`stats`]: lock-free per-second counters and the batched flusher.
+//! - [`store`]: PostgreSQL: migrations, campaigns, delivery stats, progress, dead letters.
+//!
+//! Around them:
+//! - [`config`]: layered settings (config/base.toml, config/<env>.toml, `PUSHPACE__*`, flags).
+//! - [`telemetry`]: tracing subscriber set-up.
+//! - [`simulate`]: the virtual-clock experiment behind `pushpace simulate`.
+//! - [`sink`]: a loopback HTTP sink standing in for the push provider.
+//! - [`worker`]: the daemon: consumer → scheduler → sender → stats, and its shutdown.
+//! - [`shutdown`]: the broadcast shutdown signal and completion wait.
+
+pub mod broker;
+pub mod config;
+pub mod job;
+pub mod limiter;
+pub mod sender;
+pub mod shutdown;
+pub mod simulate;
+pub mod sink;
+pub mod stats;
+pub mod store;
+pub mod telemetry;
+pub mod worker;

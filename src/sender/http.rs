@@ -1,0 +1,268 @@
+//! The HTTP provider sender: one POST per device over a shared keep-alive pool.
+
+use super::retry::parse_retry_after;
+use super::{no_such_device, SendFuture, SendOutcome, Sender, SenderError};
+use crate::job::{write_json_str, Job};
+use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// How much of an error response's body goes into the reason.
+const SNIPPET_BYTES: usize = 200;
+/// Longest reason text built from a transport error chain.
+const MAX_REASON_CHARS: usize = 300;
+
+/// Settings of an [`HttpSender`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpSenderConfig {
+    /// The provider endpoint, `http://` or `https://`.
+    pub url: String,
+    /// Bound on a whole request: connect, send, response and body.
+    pub timeout: Duration,
+    /// Bound on establishing a connection.
+    pub connect_timeout: Duration,
+    /// Idle pooled connections are closed after this long.
+    pub pool_idle_timeout: Duration,
+    /// Idle connections kept per host (the scheduler bounds the busy ones by `max_in_flight`).
+    pub pool_max_idle_per_host: usize,
+    /// Speak HTTP/2 without negotiation (h2c to a plain-text endpoint). Over TLS, HTTP/2
+    /// is used whenever the server offers it, without this.
+    pub http2_prior_knowledge: bool,
+}
+
+impl HttpSenderConfig {
+    /// Defaults: 5 s timeout, 2 s connect timeout, 90 s idle, 1024 idle connections, HTTP/1.1 or ALPN.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            pool_idle_timeout: Duration::from_secs(90),
+            pool_max_idle_per_host: 1024,
+            http2_prior_knowledge: false,
+        }
+    }
+}
+
+/// POSTs `{"campaign_id":…,"job_id":…,"device_token":…,"payload":…}` with an
+/// `Idempotency-Key: <job_id>:<device index>` header. Cheap to clone: clones share the pool.
+#[derive(Clone)]
+pub struct HttpSender {
+    client: reqwest::Client,
+    url: Arc<reqwest::Url>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for HttpSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry credentials: show where it goes, not who it is.
+        f.debug_struct("HttpSender")
+            .field("scheme", &self.url.scheme())
+            .field("host", &self.url.host_str())
+            .field("port", &self.url.port_or_known_default())
+            .field("path", &self.url.path())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl HttpSender {
+    pub fn new(config: &HttpSenderConfig) -> Result<Self, SenderError> {
+        let invalid = |reason: &str| SenderError::InvalidUrl {
+            url: redact_url(&config.url),
+            reason: reason.to_string(),
+        };
+        let url = reqwest::Url::parse(&config.url).map_err(|e| invalid(&e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(invalid("the scheme must be http or https"));
+        }
+        if url.host_str().is_none() {
+            return Err(invalid("the url has no host"));
+        }
+        let mut builder = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(config.pool_idle_timeout)
+            .pool_max_idle_per_host(config.pool_max_idle_per_host)
+            .tcp_nodelay(true)
+            // A redirect is a configuration problem, not something to follow per device.
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .user_agent(concat!("pushpace/", env!("CARGO_PKG_VERSION")));
+        if config.http2_prior_knowledge {
+            builder = builder.http2_prior_knowledge();
+        }
+        let client = builder
+            .build()
+            .map_err(|e| SenderError::Client(e.without_url().to_string()))?;
+        Ok(Self {
+            client,
+            url: Arc::new(url),
+            timeout: config.timeout,
+        })
+    }
+}
+
+impl Sender for HttpSender {
+    fn send(&self, job: &Arc<Job>, device_index: usize) -> SendFuture {
+        let Some(token) = job.devices.get(device_index) else {
+            return SendFuture::ready(no_such_device(job, device_index));
+        };
+        let mut body = Vec::with_capacity(push_body_len(job, token));
+        push_body(job, token, &mut body);
+        let key = match HeaderValue::try_from(format!("{}:{device_index}", job.job_id)) {
+            Ok(v) => v,
+            Err(_) => {
+                return SendFuture::ready(SendOutcome::Failed {
+                    status: None,
+                    reason: "job_id cannot be sent in an Idempotency-Key header".into(),
+                })
+            }
+        };
+        let request = self
+            .client
+            .post((*self.url).clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header("idempotency-key", key)
+            .body(body);
+        let timeout = self.timeout;
+        SendFuture::boxed(async move {
+            match request.send().await {
+                Ok(response) => classify_response(response).await,
+                Err(e) => classify_error(e, timeout),
+            }
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "http"
+    }
+}
+
+fn push_body_len(job: &Job, token: &str) -> usize {
+    // Field names and punctuation, plus room for a few escapes.
+    64 + job.campaign_id.len() + job.job_id.len() + token.len() + job.payload.get().len()
+}
+
+/// Writes the provider request body for one device into `out`. Strings are escaped by
+/// serde_json; the payload's raw JSON is copied byte for byte.
+pub fn push_body(job: &Job, device_token: &str, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"{\"campaign_id\":");
+    write_json_str(out, &job.campaign_id);
+    out.extend_from_slice(b",\"job_id\":");
+    write_json_str(out, &job.job_id);
+    out.extend_from_slice(b",\"device_token\":");
+    write_json_str(out, device_token);
+    out.extend_from_slice(b",\"payload\":");
+    out.extend_from_slice(job.payload.get().as_bytes());
+    out.push(b'}');
+}
+
+async fn classify_response(mut response: reqwest::Response) -> SendOutcome {
+    let status = response.status();
+    if status.is_success() {
+        // Read the body to its end so the connection goes back to the pool. The provider
+        // has already accepted the notification, so a failure here changes nothing.
+        while let Ok(Some(_)) = response.chunk().await {}
+        return SendOutcome::Delivered;
+    }
+    let code = status.as_u16();
+    let retry_after = response
+        .headers()
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, SystemTime::now()));
+    let snippet = body_snippet(&mut response).await;
+    let reason = if snippet.is_empty() {
+        format!("HTTP {code}")
+    } else {
+        format!("HTTP {code}: {snippet}")
+    };
+    if code == 429 || status.is_server_error() {
+        SendOutcome::Retry {
+            after: retry_after,
+            reason,
+        }
+    } else {
+        SendOutcome::Failed {
+            status: Some(code),
+            reason,
+        }
+    }
+}
+
+/// The first bytes of an error body, as printable text on one line.
+async fn body_snippet(response: &mut reqwest::Response) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < SNIPPET_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    let cut = bytes.len().min(SNIPPET_BYTES);
+    let text = String::from_utf8_lossy(&bytes[..cut]);
+    let mut out: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_string();
+    if bytes.len() > SNIPPET_BYTES {
+        out.push('…');
+    }
+    out
+}
+
+fn classify_error(e: reqwest::Error, timeout: Duration) -> SendOutcome {
+    if e.is_timeout() {
+        return SendOutcome::Retry {
+            after: None,
+            reason: format!("timeout after {} ms", timeout.as_millis()),
+        };
+    }
+    if e.is_builder() {
+        return SendOutcome::Failed {
+            status: None,
+            reason: format!("request cannot be built: {}", error_chain(e)),
+        };
+    }
+    SendOutcome::Retry {
+        after: None,
+        reason: format!("connection error: {}", error_chain(e)),
+    }
+}
+
+/// The error and its causes on one line, without the URL (it may hold credentials).
+fn error_chain(e: reqwest::Error) -> String {
+    use std::error::Error as _;
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    if let Some((cut, _)) = text.char_indices().nth(MAX_REASON_CHARS) {
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
+/// The URL without user info, query or fragment, for error messages.
+fn redact_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(u) => format!(
+            "{}://{}{}",
+            u.scheme(),
+            u.host_str().unwrap_or(""),
+            u.port().map(|p| format!(":{p}")).unwrap_or_default()
+        ),
+        Err(_) => "(unparseable)".to_string(),
+    }
+}

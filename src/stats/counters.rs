@@ -1,0 +1,393 @@
+//! [`StatsRecorder`] and [`CampaignCounter`]: lock-free per-campaign, per-second counts.
+//!
+//! Each campaign owns a ring of [`RING_SECONDS`] slots, one per second modulo the ring,
+//! with one 64-bit word per [`Outcome`]. A word packs the second's *lap* (`second / 64`)
+//! in its top 26 bits and the count in its low 38 bits, so the second a count belongs to
+//! and the count itself change in one compare-and-swap. That closes the slot-reuse race:
+//!
+//! - a writer adds only to a word that is empty or already tagged with its own lap;
+//! - the flusher takes a word with a single `swap(0)`, getting the count and its second
+//!   together, so a count can never be credited to the wrong second, nor lost, however
+//!   writers and the flusher interleave.
+//!
+//! When a word still holds another second's count (the flusher is more than a minute
+//! behind, or the writer's clock is), when a count would overflow 38 bits, or for a
+//! second past 2^32 (year 2106), the writer takes the campaign's own spill mutex and
+//! appends there instead: slower, still exact, and never the case in normal running.
+
+use super::progress::{JobCell, JobKey, JobProgressHandle};
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const RING_BITS: u32 = 6;
+/// Seconds covered by a campaign's ring: the flusher must drain more often than this.
+pub const RING_SECONDS: u64 = 1 << RING_BITS;
+const RING_MASK: u64 = RING_SECONDS - 1;
+const COUNT_BITS: u32 = 38;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const LAP_LIMIT: u64 = 1 << (64 - COUNT_BITS);
+
+/// What happened to one device send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Delivered (2xx).
+    Sent = 0,
+    /// Failed for good.
+    Failed = 1,
+    /// Failed for now, to be tried again.
+    Retried = 2,
+}
+
+/// Seconds since the Unix epoch (0 for a time before it).
+#[inline]
+pub fn unix_second(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Shared counters of one campaign.
+pub(crate) struct CampaignCells {
+    pub(crate) id: Arc<str>,
+    ring: [[AtomicU64; 3]; RING_SECONDS as usize],
+    spill: Mutex<Vec<(u64, [u64; 3])>>,
+}
+
+impl CampaignCells {
+    fn new(id: Arc<str>) -> Self {
+        Self {
+            id,
+            ring: [const { [const { AtomicU64::new(0) }; 3] }; RING_SECONDS as usize],
+            spill: Mutex::new(Vec::new()),
+        }
+    }
+
+    #[cold]
+    fn spill(&self, second: u64, outcome: Outcome, n: u64) {
+        let mut spill = lock(&self.spill);
+        if let Some(entry) = spill.iter_mut().rev().find(|(s, _)| *s == second) {
+            entry.1[outcome as usize] += n;
+        } else {
+            let mut counts = [0; 3];
+            counts[outcome as usize] = n;
+            spill.push((second, counts));
+        }
+    }
+
+    /// Takes every count out, calling `sink(second, outcome index, count)`.
+    fn drain(&self, mut sink: impl FnMut(u64, usize, u64)) {
+        for (index, words) in self.ring.iter().enumerate() {
+            for (outcome, word) in words.iter().enumerate() {
+                // Read first: most words are empty, and a swap would dirty their cache line.
+                if word.load(Ordering::Relaxed) == 0 {
+                    continue;
+                }
+                let taken = word.swap(0, Ordering::Relaxed);
+                let count = taken & COUNT_MASK;
+                if count != 0 {
+                    let second = ((taken >> COUNT_BITS) << RING_BITS) | index as u64;
+                    sink(second, outcome, count);
+                }
+            }
+        }
+        let mut spill = lock(&self.spill);
+        for (second, counts) in spill.drain(..) {
+            for (outcome, count) in counts.into_iter().enumerate() {
+                if count != 0 {
+                    sink(second, outcome, count);
+                }
+            }
+        }
+    }
+}
+
+/// Locks a mutex, recovering it if a panicking holder poisoned it: the data (counts,
+/// registrations) stays consistent between statements, so it is still good.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A campaign's counters: cheap to clone, lock-free to use.
+#[derive(Clone)]
+pub struct CampaignCounter {
+    cells: Arc<CampaignCells>,
+}
+
+impl std::fmt::Debug for CampaignCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CampaignCounter")
+            .field("campaign_id", &self.cells.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CampaignCounter {
+    /// Adds `n` devices with `outcome` to the second `second` (Unix seconds). Lock-free and
+    /// allocation-free in normal running; see the module docs for the rare slow path.
+    #[inline]
+    pub fn record(&self, second: u64, outcome: Outcome, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let n = u64::from(n);
+        let lap = second >> RING_BITS;
+        if lap < LAP_LIMIT {
+            let word = &self.cells.ring[(second & RING_MASK) as usize][outcome as usize];
+            let mut current = word.load(Ordering::Relaxed);
+            loop {
+                let count = current & COUNT_MASK;
+                if count != 0 && current >> COUNT_BITS != lap {
+                    break; // another second's count is still here
+                }
+                let new_count = count + n;
+                if new_count > COUNT_MASK {
+                    break;
+                }
+                match word.compare_exchange_weak(
+                    current,
+                    (lap << COUNT_BITS) | new_count,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return,
+                    Err(actual) => current = actual,
+                }
+            }
+        }
+        self.cells.spill(second, outcome, n);
+    }
+
+    /// [`record`](Self::record) at the second containing `at` (second 0 before 1970).
+    #[inline]
+    pub fn record_at(&self, at: DateTime<Utc>, outcome: Outcome, n: u32) {
+        self.record(u64::try_from(at.timestamp()).unwrap_or(0), outcome, n);
+    }
+
+    pub fn campaign_id(&self) -> &str {
+        &self.cells.id
+    }
+}
+
+pub(crate) struct RecorderInner {
+    campaigns: Mutex<HashMap<Arc<str>, Arc<CampaignCells>>>,
+    pub(crate) jobs: Mutex<Vec<Arc<JobCell>>>,
+    pub(crate) backpressure: AtomicBool,
+}
+
+/// The worker's stats: per-campaign counters and tracked job progress, drained by a
+/// [`Flusher`](super::Flusher). Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct StatsRecorder {
+    pub(crate) inner: Arc<RecorderInner>,
+}
+
+impl Default for StatsRecorder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for StatsRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatsRecorder")
+            .field("backpressure", &self.backpressure())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StatsRecorder {
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(RecorderInner {
+                campaigns: Mutex::new(HashMap::new()),
+                jobs: Mutex::new(Vec::new()),
+                backpressure: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The counters of campaign `id`, registering it on first use. This takes the
+    /// recorder's lock: call it once per campaign, not per send.
+    pub fn campaign(&self, id: &str) -> CampaignCounter {
+        let mut campaigns = lock(&self.inner.campaigns);
+        if let Some(cells) = campaigns.get(id) {
+            return CampaignCounter {
+                cells: cells.clone(),
+            };
+        }
+        let id: Arc<str> = Arc::from(id);
+        let cells = Arc::new(CampaignCells::new(id.clone()));
+        campaigns.insert(id, cells.clone());
+        CampaignCounter { cells }
+    }
+
+    /// Starts tracking a job's progress. The flusher writes it with the counts and stops
+    /// tracking it once its completion is durable, or once the handle is dropped and its
+    /// last value is durable.
+    pub fn track_job(&self, key: JobKey) -> JobProgressHandle {
+        let cell = Arc::new(JobCell::new(key));
+        lock(&self.inner.jobs).push(cell.clone());
+        JobProgressHandle::new(cell)
+    }
+
+    /// True while the flusher holds more unwritten rows than its bound (the database is
+    /// unreachable): the scheduler must pause sending rather than let counts pile up.
+    #[inline]
+    pub fn backpressure(&self) -> bool {
+        self.inner.backpressure.load(Ordering::Relaxed)
+    }
+
+    /// Takes every campaign's counts out, calling `sink(campaign, second, outcome, n)`,
+    /// and forgets campaigns that no handle refers to any more.
+    pub(crate) fn drain_counts(&self, mut sink: impl FnMut(&Arc<str>, u64, usize, u64)) {
+        let mut campaigns = lock(&self.inner.campaigns);
+        let mut unused = Vec::new();
+        for (id, cells) in campaigns.iter() {
+            // Checked before draining: no handle now means no write after this point,
+            // and none can be made while we hold the registry lock.
+            if Arc::strong_count(cells) == 1 {
+                fence(Ordering::Acquire);
+                unused.push(id.clone());
+            }
+            cells.drain(|second, outcome, n| sink(&cells.id, second, outcome, n));
+        }
+        for id in unused {
+            campaigns.remove(&id);
+        }
+    }
+
+    /// Campaigns currently registered (for tests and metrics).
+    pub fn campaigns_registered(&self) -> usize {
+        lock(&self.inner.campaigns).len()
+    }
+
+    /// Jobs currently tracked (for tests and metrics).
+    pub fn jobs_tracked(&self) -> usize {
+        lock(&self.inner.jobs).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn drained(recorder: &StatsRecorder) -> BTreeMap<(String, u64), [u64; 3]> {
+        let mut out = BTreeMap::new();
+        recorder.drain_counts(|id, second, outcome, n| {
+            let entry: &mut [u64; 3] = out.entry((id.to_string(), second)).or_default();
+            entry[outcome] += n;
+        });
+        out
+    }
+
+    #[test]
+    fn counts_land_in_their_second() {
+        let recorder = StatsRecorder::new();
+        let a = recorder.campaign("a");
+        a.record(1_700_000_000, Outcome::Sent, 3);
+        a.record(1_700_000_000, Outcome::Failed, 1);
+        a.record(1_700_000_001, Outcome::Sent, 2);
+        a.record(1_700_000_001, Outcome::Retried, 7);
+        a.record(1_700_000_000, Outcome::Sent, 0);
+        let got = drained(&recorder);
+        assert_eq!(got[&("a".into(), 1_700_000_000)], [3, 1, 0]);
+        assert_eq!(got[&("a".into(), 1_700_000_001)], [2, 0, 7]);
+        assert_eq!(got.len(), 2);
+        assert!(
+            drained(&recorder).is_empty(),
+            "a drain takes the counts out"
+        );
+    }
+
+    #[test]
+    fn a_slot_still_holding_an_older_second_spills_exactly() {
+        let recorder = StatsRecorder::new();
+        let a = recorder.campaign("a");
+        // Same slot, one lap apart, with no drain in between: the flusher is late.
+        a.record(1000, Outcome::Sent, 5);
+        a.record(1000 + RING_SECONDS, Outcome::Sent, 7);
+        a.record(1000 + RING_SECONDS, Outcome::Sent, 1);
+        // A writer whose clock is behind finds a newer lap there.
+        a.record(1000 - RING_SECONDS, Outcome::Sent, 2);
+        let got = drained(&recorder);
+        assert_eq!(got[&("a".into(), 1000)], [5, 0, 0]);
+        assert_eq!(got[&("a".into(), 1000 + RING_SECONDS)], [8, 0, 0]);
+        assert_eq!(got[&("a".into(), 1000 - RING_SECONDS)], [2, 0, 0]);
+    }
+
+    #[test]
+    fn huge_counts_and_far_seconds_are_exact() {
+        let recorder = StatsRecorder::new();
+        let a = recorder.campaign("a");
+        for _ in 0..100 {
+            a.record(5, Outcome::Sent, u32::MAX);
+        }
+        a.record(u64::from(u32::MAX) + 10, Outcome::Failed, 4);
+        let got = drained(&recorder);
+        assert_eq!(got[&("a".into(), 5)][0], 100 * u64::from(u32::MAX));
+        assert_eq!(got[&("a".into(), u64::from(u32::MAX) + 10)], [0, 4, 0]);
+    }
+
+    #[test]
+    fn concurrent_writers_and_drains_lose_nothing() {
+        let recorder = StatsRecorder::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        let total = Arc::new(Mutex::new(BTreeMap::<u64, u64>::new()));
+        let drainer = {
+            let (recorder, stop, total) = (recorder.clone(), stop.clone(), total.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    recorder.drain_counts(|_, second, _, n| {
+                        *lock(&total).entry(second).or_default() += n;
+                    });
+                }
+            })
+        };
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let counter = recorder.campaign("c");
+                std::thread::spawn(move || {
+                    for i in 0..200_000u64 {
+                        // Sweep many laps so slots are reused while the drainer runs.
+                        counter.record((i / 1000) + w, Outcome::Sent, 1);
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        drainer.join().unwrap();
+        recorder.drain_counts(|_, second, _, n| {
+            *lock(&total).entry(second).or_default() += n;
+        });
+        let total = lock(&total);
+        assert_eq!(total.values().sum::<u64>(), 800_000);
+        for (second, count) in total.iter() {
+            let writers_covering = (0..4u64)
+                .filter(|w| *second >= *w && *second < 200 + *w)
+                .count() as u64;
+            assert_eq!(*count, writers_covering * 1000, "second {second}");
+        }
+    }
+
+    #[test]
+    fn unused_campaigns_are_forgotten_after_their_last_drain() {
+        let recorder = StatsRecorder::new();
+        let a = recorder.campaign("a");
+        a.record(10, Outcome::Sent, 1);
+        drop(a);
+        assert_eq!(recorder.campaigns_registered(), 1);
+        assert_eq!(
+            drained(&recorder).len(),
+            1,
+            "counts of a dropped handle still drain"
+        );
+        assert_eq!(recorder.campaigns_registered(), 0);
+    }
+}

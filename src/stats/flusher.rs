@@ -1,0 +1,518 @@
+//! [`Flusher`]: writes the recorder's counts and job progress to PostgreSQL in batches.
+//!
+//! Every `interval` the flusher drains the recorder into its own pending buffer, then
+//! writes it in ONE transaction: one `INSERT … SELECT FROM UNNEST(…) ON CONFLICT DO
+//! UPDATE` adding into `delivery_seconds` for all campaigns' seconds, and one for
+//! `job_progress` (`devices_done = GREATEST(old, new)`). Adding, not overwriting, lets
+//! several workers share a row; rows are sorted so that concurrent flushers lock shared
+//! rows in the same order and cannot deadlock.
+//!
+//! When the database is unreachable the rows stay in memory (the ring keeps being
+//! drained, so nothing is lost) and the write is retried with exponential backoff. The
+//! outage is logged once (warn), and its end once (info). Past `max_pending_rows` the
+//! recorder's backpressure flag is raised so that the scheduler pauses sending.
+//!
+//! Exactness after recovery: a failed transaction is rolled back, so writing the same
+//! rows again is correct. The one doubtful case is a connection lost during COMMIT:
+//! the server may have committed. Each batch therefore carries a marker
+//! `(flusher_id, seq)` inserted in the same statement as the counts; a retry of the same
+//! batch finds the marker and skips the counts. A batch's rows are frozen once tried,
+//! and rows drained during an outage wait in the next batch.
+
+use super::counters::{lock, StatsRecorder};
+use super::progress::JobCell;
+use super::StatsError;
+use crate::store::listen::shutdown_requested;
+use crate::store::StoreError;
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Mutex};
+use tokio::time::Instant;
+
+/// How often and how patiently the flusher writes.
+#[derive(Debug, Clone)]
+pub struct FlusherConfig {
+    /// Time between flushes (`worker.stats_flush_ms`). Must stay well under a minute,
+    /// the span of the recorder's ring.
+    pub interval: Duration,
+    /// Unwritten rows (campaign-seconds plus jobs) past which backpressure is raised.
+    pub max_pending_rows: usize,
+    /// First wait after a failed write; doubles up to `retry_max`.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// How long the final flush at shutdown keeps retrying.
+    pub final_flush_timeout: Duration,
+}
+
+impl Default for FlusherConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            max_pending_rows: 100_000,
+            retry_min: Duration::from_millis(250),
+            retry_max: Duration::from_secs(10),
+            final_flush_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What one [`Flusher::flush_now`] wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Campaign-second rows added into `delivery_seconds`.
+    pub seconds_rows: usize,
+    /// Rows upserted into `job_progress`.
+    pub progress_rows: usize,
+    /// Transactions committed (one per batch; two after an outage).
+    pub batches: usize,
+    /// Data statements executed (at most two per batch, plus BEGIN and COMMIT).
+    pub statements: u64,
+}
+
+/// Flushes a [`StatsRecorder`]; cheap to clone (clones share the same buffer).
+#[derive(Clone)]
+pub struct Flusher {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Flusher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flusher")
+            .field("id", &self.inner.id)
+            .field("pending_rows", &self.pending_rows())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    recorder: StatsRecorder,
+    pool: PgPool,
+    config: FlusherConfig,
+    /// Unique per flusher, for the batch markers.
+    id: String,
+    state: Mutex<State>,
+    statements: AtomicU64,
+    batches: AtomicU64,
+    pending_rows: AtomicUsize,
+}
+
+/// Rows drained but not yet in a batch.
+#[derive(Default)]
+struct Pending {
+    seconds: HashMap<(Arc<str>, u64), [u64; 3]>,
+    /// By cell address: one entry per tracked job, holding its highest value.
+    progress: HashMap<usize, (Arc<JobCell>, u32)>,
+}
+
+impl Pending {
+    fn rows(&self) -> usize {
+        self.seconds.len() + self.progress.len()
+    }
+}
+
+/// Rows frozen for one transaction, sorted.
+struct Batch {
+    seq: u64,
+    seconds: Vec<(Arc<str>, DateTime<Utc>, [i64; 3])>,
+    progress: Vec<(Arc<JobCell>, u32)>,
+}
+
+impl Batch {
+    fn rows(&self) -> usize {
+        self.seconds.len() + self.progress.len()
+    }
+}
+
+struct State {
+    pending: Pending,
+    inflight: Option<Batch>,
+    next_seq: u64,
+    /// Consecutive failed writes.
+    failures: u32,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+impl State {
+    fn rows(&self) -> usize {
+        self.pending.rows() + self.inflight.as_ref().map_or(0, Batch::rows)
+    }
+}
+
+impl Flusher {
+    pub fn new(recorder: StatsRecorder, pool: PgPool, config: FlusherConfig) -> Self {
+        let backoff = config.retry_min;
+        Self {
+            inner: Arc::new(Inner {
+                recorder,
+                pool,
+                id: unique_id(),
+                state: Mutex::new(State {
+                    pending: Pending::default(),
+                    inflight: None,
+                    next_seq: 1,
+                    failures: 0,
+                    retry_at: None,
+                    backoff,
+                }),
+                config,
+                statements: AtomicU64::new(0),
+                batches: AtomicU64::new(0),
+                pending_rows: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Flushes every `interval` until `shutdown` turns true (or its sender is dropped),
+    /// then makes a final flush, retrying for up to `final_flush_timeout`.
+    pub async fn run(&self, mut shutdown: watch::Receiver<bool>) -> Result<(), StatsError> {
+        let mut tick = tokio::time::interval(self.inner.config.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // The flush runs outside the select: cancelling it mid-transaction would
+            // only leave the outcome in doubt.
+            let stop = tokio::select! {
+                biased;
+                _ = shutdown_requested(&mut shutdown) => true,
+                _ = tick.tick() => false,
+            };
+            if stop {
+                break;
+            }
+            self.scheduled_flush().await;
+        }
+        self.final_flush().await
+    }
+
+    /// Spawns [`Flusher::run`] on the current runtime.
+    pub fn spawn(
+        &self,
+        shutdown: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<Result<(), StatsError>> {
+        let this = self.clone();
+        tokio::spawn(async move { this.run(shutdown).await })
+    }
+
+    /// Drains everything now and writes it, ignoring the retry backoff (for shutdown and
+    /// partition revocation). On failure the rows stay pending.
+    pub async fn flush_now(&self) -> Result<FlushReport, StatsError> {
+        let mut state = self.inner.state.lock().await;
+        self.drain(&mut state);
+        self.write_all(&mut state).await
+    }
+
+    /// Data statements executed so far (attempts included).
+    pub fn statements(&self) -> u64 {
+        self.inner.statements.load(Ordering::Relaxed)
+    }
+
+    /// Transactions committed so far.
+    pub fn batches_committed(&self) -> u64 {
+        self.inner.batches.load(Ordering::Relaxed)
+    }
+
+    /// Rows drained but not yet committed, as of the last drain or write.
+    pub fn pending_rows(&self) -> usize {
+        self.inner.pending_rows.load(Ordering::Relaxed)
+    }
+
+    /// The recorder this flusher drains.
+    pub fn recorder(&self) -> &StatsRecorder {
+        &self.inner.recorder
+    }
+
+    async fn scheduled_flush(&self) {
+        let mut state = self.inner.state.lock().await;
+        // Drain even while backing off, so the ring never falls a lap behind.
+        self.drain(&mut state);
+        if state.retry_at.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        // Failures are logged (once per outage) and kept for the next attempt.
+        let _ = self.write_all(&mut state).await;
+    }
+
+    async fn final_flush(&self) -> Result<(), StatsError> {
+        let deadline = Instant::now() + self.inner.config.final_flush_timeout;
+        let mut wait = self.inner.config.retry_min;
+        loop {
+            match self.flush_now().await {
+                Ok(_) => return Ok(()),
+                Err(StatsError::Flush { rows, source }) => {
+                    if Instant::now() + wait > deadline {
+                        tracing::error!(rows, error = %source, "giving up the final stats flush");
+                        return Err(StatsError::Unflushed { rows, source });
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(self.inner.config.retry_max);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    fn drain(&self, state: &mut State) {
+        let pending = &mut state.pending;
+        self.inner
+            .recorder
+            .drain_counts(|campaign, second, outcome, n| {
+                let counts = pending
+                    .seconds
+                    .entry((campaign.clone(), second))
+                    .or_default();
+                counts[outcome] = counts[outcome].saturating_add(n);
+            });
+        {
+            let jobs = lock(&self.inner.recorder.inner.jobs);
+            for cell in jobs.iter() {
+                if let Some(done) = cell.take_change() {
+                    let entry = pending
+                        .progress
+                        .entry(Arc::as_ptr(cell) as usize)
+                        .or_insert_with(|| (cell.clone(), done));
+                    entry.1 = entry.1.max(done);
+                }
+            }
+        }
+        self.update_backpressure(state);
+    }
+
+    fn update_backpressure(&self, state: &State) {
+        let rows = state.rows();
+        self.inner.pending_rows.store(rows, Ordering::Relaxed);
+        let max = self.inner.config.max_pending_rows;
+        let flag = &self.inner.recorder.inner.backpressure;
+        if rows > max {
+            if !flag.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    rows,
+                    max,
+                    "stats backlog over its bound; pausing sends until it is written"
+                );
+            }
+        } else if rows <= max / 2 && flag.swap(false, Ordering::Relaxed) {
+            tracing::info!(rows, "stats backlog written; sending again");
+        }
+    }
+
+    /// Freezes the pending rows into a new batch.
+    fn seal(&self, state: &mut State) -> Batch {
+        let pending = std::mem::take(&mut state.pending);
+        let mut seconds: Vec<_> = pending
+            .seconds
+            .into_iter()
+            .filter_map(|((campaign, second), counts)| {
+                let at = i64::try_from(second)
+                    .ok()
+                    .and_then(|s| DateTime::from_timestamp(s, 0));
+                match at {
+                    Some(at) => Some((campaign, at, counts.map(|c| i64::try_from(c).unwrap_or(i64::MAX)))),
+                    None => {
+                        // Only a nonsense clock gets here; PostgreSQL cannot hold it anyway.
+                        tracing::error!(campaign = %campaign, second, ?counts, "dropping counts for an unrepresentable second");
+                        None
+                    }
+                }
+            })
+            .collect();
+        seconds.sort_unstable_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        let mut progress: Vec<_> = pending.progress.into_values().collect();
+        progress.sort_unstable_by(|a, b| a.0.job_id.cmp(&b.0.job_id));
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        Batch {
+            seq,
+            seconds,
+            progress,
+        }
+    }
+
+    async fn write_all(&self, state: &mut State) -> Result<FlushReport, StatsError> {
+        let mut report = FlushReport::default();
+        loop {
+            if state.inflight.is_none() {
+                if state.pending.rows() == 0 {
+                    break;
+                }
+                let batch = self.seal(state);
+                state.inflight = Some(batch);
+            }
+            let Some(batch) = state.inflight.as_ref() else {
+                break;
+            };
+            let result = self.write_batch(batch, &mut report).await;
+            match result {
+                Ok(()) => {
+                    if let Some(batch) = state.inflight.take() {
+                        report.seconds_rows += batch.seconds.len();
+                        report.progress_rows += batch.progress.len();
+                        report.batches += 1;
+                        self.committed(batch);
+                    }
+                    if state.failures > 0 {
+                        tracing::info!(
+                            failed_attempts = state.failures,
+                            "stats flush recovered; the rows kept in memory are written"
+                        );
+                    }
+                    state.failures = 0;
+                    state.retry_at = None;
+                    state.backoff = self.inner.config.retry_min;
+                }
+                Err(e) => {
+                    let rows = state.rows();
+                    if state.failures == 0 {
+                        tracing::warn!(
+                            error = %e,
+                            rows,
+                            "stats flush failed; keeping counts in memory and retrying with backoff"
+                        );
+                    } else {
+                        tracing::debug!(error = %e, rows, attempt = state.failures + 1, "stats flush failed again");
+                    }
+                    state.failures = state.failures.saturating_add(1);
+                    state.retry_at = Some(Instant::now() + state.backoff);
+                    state.backoff = (state.backoff * 2).min(self.inner.config.retry_max);
+                    self.update_backpressure(state);
+                    return Err(StatsError::Flush { rows, source: e });
+                }
+            }
+        }
+        self.update_backpressure(state);
+        Ok(report)
+    }
+
+    /// After a commit: jobs learn their durable progress, finished ones are forgotten.
+    fn committed(&self, batch: Batch) {
+        self.inner.batches.fetch_add(1, Ordering::Relaxed);
+        if batch.progress.is_empty() {
+            return;
+        }
+        for (cell, done) in &batch.progress {
+            cell.mark_durable(*done);
+        }
+        drop(batch);
+        lock(&self.inner.recorder.inner.jobs).retain(|cell| !cell.finished());
+    }
+
+    async fn write_batch(&self, batch: &Batch, report: &mut FlushReport) -> Result<(), StoreError> {
+        let mut tx = self.inner.pool.begin().await?;
+        if !batch.seconds.is_empty() {
+            let campaigns: Vec<&str> = batch.seconds.iter().map(|r| &*r.0).collect();
+            let seconds: Vec<DateTime<Utc>> = batch.seconds.iter().map(|r| r.1).collect();
+            let column = |i: usize| -> Vec<i64> { batch.seconds.iter().map(|r| r.2[i]).collect() };
+            self.count_statement(report);
+            sqlx::query(SECONDS_UPSERT)
+                .bind(&self.inner.id)
+                .bind(i64::try_from(batch.seq).unwrap_or(i64::MAX))
+                .bind(&campaigns)
+                .bind(&seconds)
+                .bind(column(0))
+                .bind(column(1))
+                .bind(column(2))
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !batch.progress.is_empty() {
+            let mut jobs: Vec<&str> = Vec::with_capacity(batch.progress.len());
+            let mut campaigns: Vec<&str> = Vec::with_capacity(batch.progress.len());
+            let mut partitions: Vec<i32> = Vec::with_capacity(batch.progress.len());
+            let mut offsets: Vec<i64> = Vec::with_capacity(batch.progress.len());
+            let mut totals: Vec<i32> = Vec::with_capacity(batch.progress.len());
+            let mut done: Vec<i32> = Vec::with_capacity(batch.progress.len());
+            for (cell, d) in &batch.progress {
+                // The same job tracked twice (re-consumed): one row, the furthest value,
+                // since ON CONFLICT cannot touch a row twice in one statement.
+                if jobs.last() == Some(&&*cell.job_id) {
+                    if let Some(last) = done.last_mut() {
+                        *last = (*last).max(clamp_i32(*d));
+                    }
+                    continue;
+                }
+                jobs.push(&cell.job_id);
+                campaigns.push(&cell.campaign_id);
+                partitions.push(cell.partition);
+                offsets.push(cell.offset);
+                totals.push(clamp_i32(cell.total));
+                done.push(clamp_i32(*d));
+            }
+            self.count_statement(report);
+            sqlx::query(PROGRESS_UPSERT)
+                .bind(&jobs)
+                .bind(&campaigns)
+                .bind(&partitions)
+                .bind(&offsets)
+                .bind(&totals)
+                .bind(&done)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    fn count_statement(&self, report: &mut FlushReport) {
+        self.inner.statements.fetch_add(1, Ordering::Relaxed);
+        report.statements += 1;
+    }
+}
+
+fn clamp_i32(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+/// Adds every campaign-second in one statement. The `marker` CTE makes a retried batch
+/// idempotent (see the module docs) and drops this flusher's older markers, which are no
+/// longer needed once a later batch is being written.
+const SECONDS_UPSERT: &str = "\
+WITH marker AS (
+    INSERT INTO stats_flushes (flusher_id, seq) VALUES ($1, $2)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), cleanup AS (
+    DELETE FROM stats_flushes WHERE flusher_id = $1 AND seq < $2
+)
+INSERT INTO delivery_seconds AS d (campaign_id, second, sent, failed, retried)
+SELECT u.campaign_id, u.second, u.sent, u.failed, u.retried
+FROM UNNEST($3::text[], $4::timestamptz[], $5::int8[], $6::int8[], $7::int8[])
+    AS u(campaign_id, second, sent, failed, retried)
+WHERE EXISTS (SELECT 1 FROM marker)
+ON CONFLICT (campaign_id, second) DO UPDATE SET
+    sent = d.sent + EXCLUDED.sent,
+    failed = d.failed + EXCLUDED.failed,
+    retried = d.retried + EXCLUDED.retried";
+
+/// Upserts every job's progress in one statement. Progress only moves forward, so
+/// writing a value twice is harmless.
+const PROGRESS_UPSERT: &str = "\
+INSERT INTO job_progress AS p
+    (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, completed_at, updated_at)
+SELECT u.job_id, u.campaign_id, u.partition, u.kafka_offset, u.devices_total, u.devices_done,
+       CASE WHEN u.devices_done >= u.devices_total THEN now() END, now()
+FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[], $6::int4[])
+    AS u(job_id, campaign_id, partition, kafka_offset, devices_total, devices_done)
+ON CONFLICT (job_id) DO UPDATE SET
+    campaign_id = EXCLUDED.campaign_id,
+    partition = EXCLUDED.partition,
+    kafka_offset = EXCLUDED.kafka_offset,
+    devices_done = LEAST(GREATEST(p.devices_done, EXCLUDED.devices_done), p.devices_total),
+    completed_at = COALESCE(p.completed_at,
+        CASE WHEN GREATEST(p.devices_done, EXCLUDED.devices_done) >= p.devices_total THEN now() END),
+    updated_at = now()";
+
+/// A flusher id unique across processes and restarts: pid, start time and a counter.
+fn unique_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}-{nanos:x}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -1,0 +1,393 @@
+//! Campaign settings: created by the first job of an unknown campaign or by the API.
+//!
+//! Once a campaign exists its stored values win: [`upsert_from_job`] never changes a
+//! row, while [`put`] (the API) does. Values are validated here first, so that the error
+//! names the field; the CHECK constraints in the schema are the backstop, and their
+//! violations are mapped to the same field by [`StoreError`]'s `From<sqlx::Error>`.
+
+use super::StoreError;
+use crate::limiter::{Algorithm, Rate};
+use chrono::{DateTime, Duration, Utc};
+use sqlx::PgPool;
+
+/// Longest campaign id, in characters.
+pub const MAX_ID_CHARS: usize = 128;
+
+/// Where a campaign is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CampaignStatus {
+    /// Its jobs are sent.
+    Active,
+    /// Its jobs wait; nothing is sent until it is active again.
+    Paused,
+    /// Finished; kept for its history.
+    Done,
+}
+
+impl CampaignStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CampaignStatus::Active => "active",
+            CampaignStatus::Paused => "paused",
+            CampaignStatus::Done => "done",
+        }
+    }
+}
+
+impl std::fmt::Display for CampaignStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for CampaignStatus {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "active" => Ok(CampaignStatus::Active),
+            "paused" => Ok(CampaignStatus::Paused),
+            "done" => Ok(CampaignStatus::Done),
+            other => Err(StoreError::invalid(
+                "status",
+                format!("unknown status {other:?}; expected one of active, paused, done"),
+            )),
+        }
+    }
+}
+
+/// A campaign as stored.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Campaign {
+    pub id: String,
+    /// Sends per second; the schema guarantees 0 < send_rate ≤ 10,000,000.
+    pub send_rate: f64,
+    pub algorithm: Algorithm,
+    pub burst: u32,
+    pub status: CampaignStatus,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Campaign {
+    /// The send rate as a validated [`Rate`].
+    pub fn rate(&self) -> Result<Rate, StoreError> {
+        validate_send_rate(self.send_rate)
+    }
+}
+
+/// Values used for a campaign created by a job that does not carry them (the
+/// `[limiter]` section of the configuration).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CampaignDefaults {
+    pub send_rate: Rate,
+    pub algorithm: Algorithm,
+    pub burst: u32,
+}
+
+impl Default for CampaignDefaults {
+    /// The shipped configuration's defaults: 100/s, gcra, no burst.
+    fn default() -> Self {
+        Self {
+            send_rate: Rate::per_second(100.0).unwrap_or_else(|_| unreachable!()),
+            algorithm: Algorithm::Gcra,
+            burst: 0,
+        }
+    }
+}
+
+/// A change made through the API: the fields given are set, the others kept (or, for a
+/// new campaign, taken from [`CampaignDefaults`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+pub struct CampaignPatch {
+    pub send_rate: Option<f64>,
+    pub algorithm: Option<Algorithm>,
+    pub burst: Option<i64>,
+}
+
+/// A campaign with its delivery totals, for the API's list.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CampaignSummary {
+    #[serde(flatten)]
+    pub campaign: Campaign,
+    pub sent: i64,
+    pub failed: i64,
+    pub retried: i64,
+    /// Mean sends per second over the 10 complete seconds before `now`.
+    pub rate_10s: f64,
+}
+
+/// Checks a campaign id: 1 to 128 characters.
+pub fn validate_id(id: &str) -> Result<(), StoreError> {
+    let chars = id.chars().count();
+    if chars == 0 || chars > MAX_ID_CHARS {
+        return Err(StoreError::invalid(
+            "id",
+            format!("must be 1 to {MAX_ID_CHARS} characters, got {chars}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a send rate with the same rules as [`Rate::per_second`].
+pub fn validate_send_rate(send_rate: f64) -> Result<Rate, StoreError> {
+    Rate::per_second(send_rate).map_err(|e| StoreError::invalid("send_rate", e.to_string()))
+}
+
+/// Checks a burst: 0 to i32::MAX (the column is an `integer`).
+pub fn validate_burst(burst: i64) -> Result<i32, StoreError> {
+    if burst < 0 {
+        return Err(StoreError::invalid(
+            "burst",
+            format!("must be 0 or more, got {burst}"),
+        ));
+    }
+    i32::try_from(burst).map_err(|_| {
+        StoreError::invalid(
+            "burst",
+            format!("must be at most {}, got {burst}", i32::MAX),
+        )
+    })
+}
+
+const COLUMNS: &str = "id, send_rate, algorithm, burst, status, created_at, updated_at";
+
+#[derive(sqlx::FromRow)]
+struct CampaignRow {
+    id: String,
+    send_rate: f64,
+    algorithm: String,
+    burst: i32,
+    status: String,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl TryFrom<CampaignRow> for Campaign {
+    type Error = StoreError;
+
+    fn try_from(row: CampaignRow) -> Result<Self, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            table: "campaigns",
+            reason,
+        };
+        let algorithm = row
+            .algorithm
+            .parse::<Algorithm>()
+            .map_err(|e| corrupt(format!("campaign {:?}: {e}", row.id)))?;
+        let status = row
+            .status
+            .parse::<CampaignStatus>()
+            .map_err(|e| corrupt(format!("campaign {:?}: {e}", row.id)))?;
+        let burst = u32::try_from(row.burst)
+            .map_err(|_| corrupt(format!("campaign {:?}: burst {}", row.id, row.burst)))?;
+        Ok(Campaign {
+            id: row.id,
+            send_rate: row.send_rate,
+            algorithm,
+            burst,
+            status,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        })
+    }
+}
+
+/// The campaign of a job. An unknown campaign is created with the job's `send_rate` and
+/// `algorithm` (or `defaults`); a known one is returned as stored, whatever the job says.
+pub async fn upsert_from_job(
+    pool: &PgPool,
+    id: &str,
+    send_rate: Option<Rate>,
+    algorithm: Option<Algorithm>,
+    defaults: &CampaignDefaults,
+) -> Result<Campaign, StoreError> {
+    validate_id(id)?;
+    // Most jobs belong to a campaign that exists: one read, and no write that would wake
+    // every watcher through the NOTIFY trigger.
+    if let Some(found) = get(pool, id).await? {
+        return Ok(found);
+    }
+    let rate = send_rate.unwrap_or(defaults.send_rate);
+    let algorithm = algorithm.unwrap_or(defaults.algorithm);
+    let burst = validate_burst(i64::from(defaults.burst))?;
+    let inserted: Option<CampaignRow> = sqlx::query_as(&format!(
+        "INSERT INTO campaigns (id, send_rate, algorithm, burst) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (id) DO NOTHING RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(rate.as_f64())
+    .bind(algorithm.as_str())
+    .bind(burst)
+    .fetch_optional(pool)
+    .await?;
+    match inserted {
+        Some(row) => row.try_into(),
+        // Another worker created it between our read and our insert: theirs wins.
+        None => get(pool, id)
+            .await?
+            .ok_or_else(|| StoreError::CampaignNotFound(id.to_string())),
+    }
+}
+
+/// Creates or updates a campaign from the API. Given fields are set; missing ones keep
+/// their stored value, or take `defaults` for a new campaign.
+pub async fn put(
+    pool: &PgPool,
+    id: &str,
+    patch: &CampaignPatch,
+    defaults: &CampaignDefaults,
+) -> Result<Campaign, StoreError> {
+    validate_id(id)?;
+    let send_rate = patch
+        .send_rate
+        .map(validate_send_rate)
+        .transpose()?
+        .map(Rate::as_f64);
+    let burst = patch.burst.map(validate_burst).transpose()?;
+    let algorithm = patch.algorithm.map(Algorithm::as_str);
+    let row: CampaignRow = sqlx::query_as(&format!(
+        "INSERT INTO campaigns (id, send_rate, algorithm, burst) \
+         VALUES ($1, COALESCE($2, $5), COALESCE($3, $6), COALESCE($4, $7)) \
+         ON CONFLICT (id) DO UPDATE SET \
+             send_rate = COALESCE($2, campaigns.send_rate), \
+             algorithm = COALESCE($3, campaigns.algorithm), \
+             burst = COALESCE($4, campaigns.burst) \
+         RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(send_rate)
+    .bind(algorithm)
+    .bind(burst)
+    .bind(defaults.send_rate.as_f64())
+    .bind(defaults.algorithm.as_str())
+    .bind(validate_burst(i64::from(defaults.burst))?)
+    .fetch_one(pool)
+    .await?;
+    row.try_into()
+}
+
+/// Sets a campaign's status.
+pub async fn set_status(
+    pool: &PgPool,
+    id: &str,
+    status: CampaignStatus,
+) -> Result<Campaign, StoreError> {
+    let row: Option<CampaignRow> = sqlx::query_as(&format!(
+        "UPDATE campaigns SET status = $2 WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(status.as_str())
+    .fetch_optional(pool)
+    .await?;
+    row.ok_or_else(|| StoreError::CampaignNotFound(id.to_string()))?
+        .try_into()
+}
+
+/// One campaign, if it exists.
+pub async fn get(pool: &PgPool, id: &str) -> Result<Option<Campaign>, StoreError> {
+    let row: Option<CampaignRow> =
+        sqlx::query_as(&format!("SELECT {COLUMNS} FROM campaigns WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+    row.map(Campaign::try_from).transpose()
+}
+
+/// Every campaign, by id.
+pub async fn all(pool: &PgPool) -> Result<Vec<Campaign>, StoreError> {
+    let rows: Vec<CampaignRow> =
+        sqlx::query_as(&format!("SELECT {COLUMNS} FROM campaigns ORDER BY id"))
+            .fetch_all(pool)
+            .await?;
+    rows.into_iter().map(Campaign::try_from).collect()
+}
+
+#[derive(sqlx::FromRow)]
+struct SummaryRow {
+    #[sqlx(flatten)]
+    campaign: CampaignRow,
+    sent: i64,
+    failed: i64,
+    retried: i64,
+    rate_10s: f64,
+}
+
+/// Every campaign with its totals and its send rate over the 10 complete seconds
+/// before `now` (the current, partial second is left out).
+pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSummary>, StoreError> {
+    let end = truncate_to_second(now);
+    let start = end - Duration::seconds(10);
+    let rows: Vec<SummaryRow> = sqlx::query_as(
+        "SELECT c.id, c.send_rate, c.algorithm, c.burst, c.status, c.created_at, c.updated_at, \
+                COALESCE(t.sent, 0)::int8 AS sent, \
+                COALESCE(t.failed, 0)::int8 AS failed, \
+                COALESCE(t.retried, 0)::int8 AS retried, \
+                COALESCE(r.sent, 0)::float8 / 10.0 AS rate_10s \
+         FROM campaigns c \
+         LEFT JOIN LATERAL ( \
+             SELECT sum(d.sent) AS sent, sum(d.failed) AS failed, sum(d.retried) AS retried \
+             FROM delivery_seconds d WHERE d.campaign_id = c.id) t ON true \
+         LEFT JOIN LATERAL ( \
+             SELECT sum(d.sent) AS sent FROM delivery_seconds d \
+             WHERE d.campaign_id = c.id AND d.second >= $1 AND d.second < $2) r ON true \
+         ORDER BY c.id",
+    )
+    .bind(start)
+    .bind(end)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|row| {
+            Ok(CampaignSummary {
+                campaign: row.campaign.try_into()?,
+                sent: row.sent,
+                failed: row.failed,
+                retried: row.retried,
+                rate_10s: row.rate_10s,
+            })
+        })
+        .collect()
+}
+
+/// `t` with its sub-second part dropped.
+pub(crate) fn truncate_to_second(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.timestamp(), 0).unwrap_or(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_field() {
+        assert_eq!(validate_id("").unwrap_err().field(), Some("id"));
+        assert_eq!(
+            validate_id(&"x".repeat(200)).unwrap_err().field(),
+            Some("id")
+        );
+        assert!(validate_id(&"é".repeat(128)).is_ok());
+        for bad in [0.0, -1.0, 1e12, f64::NAN, f64::INFINITY] {
+            assert_eq!(
+                validate_send_rate(bad).unwrap_err().field(),
+                Some("send_rate")
+            );
+        }
+        assert_eq!(validate_burst(-1).unwrap_err().field(), Some("burst"));
+        assert_eq!(validate_burst(1 << 40).unwrap_err().field(), Some("burst"));
+        assert_eq!(validate_burst(5).ok(), Some(5));
+    }
+
+    #[test]
+    fn status_round_trips() {
+        for s in [
+            CampaignStatus::Active,
+            CampaignStatus::Paused,
+            CampaignStatus::Done,
+        ] {
+            assert_eq!(s.as_str().parse::<CampaignStatus>().ok(), Some(s));
+        }
+        assert!("gone".parse::<CampaignStatus>().is_err());
+    }
+}

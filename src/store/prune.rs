@@ -1,0 +1,99 @@
+//! Retention: deletes old per-second counts, completed job progress and the flush markers
+//! of flushers that are gone, in batches so that no statement holds locks for long.
+
+use super::StoreError;
+use chrono::{DateTime, Duration, Utc};
+use sqlx::PgPool;
+
+/// What [`prune`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PruneReport {
+    pub seconds_deleted: u64,
+    pub progress_deleted: u64,
+    pub markers_deleted: u64,
+}
+
+/// Deletes what is older than `older_than` before now; see [`prune_before`].
+pub async fn prune(
+    pool: &PgPool,
+    older_than: Duration,
+    batch: i64,
+) -> Result<PruneReport, StoreError> {
+    if older_than < Duration::zero() {
+        return Err(StoreError::invalid(
+            "older_than",
+            format!("must not be negative, got {older_than}"),
+        ));
+    }
+    let cutoff = Utc::now()
+        .checked_sub_signed(older_than)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    prune_before(pool, cutoff, batch).await
+}
+
+/// Deletes the seconds before `cutoff`, the progress of jobs completed before it (never
+/// an unfinished job's) and flush markers committed before it, at most `batch` rows per
+/// statement, each statement its own transaction.
+pub async fn prune_before(
+    pool: &PgPool,
+    cutoff: DateTime<Utc>,
+    batch: i64,
+) -> Result<PruneReport, StoreError> {
+    if batch < 1 {
+        return Err(StoreError::invalid(
+            "batch",
+            format!("must be at least 1, got {batch}"),
+        ));
+    }
+    let seconds_deleted = in_batches(
+        pool,
+        "DELETE FROM delivery_seconds WHERE (campaign_id, second) IN ( \
+             SELECT campaign_id, second FROM delivery_seconds WHERE second < $1 LIMIT $2)",
+        cutoff,
+        batch,
+    )
+    .await?;
+    let progress_deleted = in_batches(
+        pool,
+        "DELETE FROM job_progress WHERE job_id IN ( \
+             SELECT job_id FROM job_progress \
+             WHERE completed_at IS NOT NULL AND completed_at < $1 LIMIT $2)",
+        cutoff,
+        batch,
+    )
+    .await?;
+    let markers_deleted = in_batches(
+        pool,
+        "DELETE FROM stats_flushes WHERE (flusher_id, seq) IN ( \
+             SELECT flusher_id, seq FROM stats_flushes WHERE committed_at < $1 LIMIT $2)",
+        cutoff,
+        batch,
+    )
+    .await?;
+    Ok(PruneReport {
+        seconds_deleted,
+        progress_deleted,
+        markers_deleted,
+    })
+}
+
+async fn in_batches(
+    pool: &PgPool,
+    sql: &str,
+    cutoff: DateTime<Utc>,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let deleted = sqlx::query(sql)
+            .bind(cutoff)
+            .bind(batch)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        total += deleted;
+        if deleted < batch.unsigned_abs() {
+            return Ok(total);
+        }
+    }
+}

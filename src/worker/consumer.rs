@@ -1,0 +1,591 @@
+//! The Kafka consumer: a consumer-group member on its own thread.
+//!
+//! It reads jobs, dead-letters bad ones, looks up each job's stored progress, and hands
+//! the rest to the scheduler. It owns the [`OffsetTracker`]: a job's offset counts as
+//! finished only when the scheduler reports every device finished *and* the flusher
+//! has made that progress durable, so a committed offset never covers unflushed counts.
+//! Offsets are stored and committed on a timer, on revocation and at shutdown.
+//!
+//! Backpressure: buffered work is counted per partition in jobs and devices. A partition
+//! over its share of `max_buffered_jobs` / `max_buffered_devices` is paused and resumed
+//! once it drains below half, so a slow campaign's backlog stays in Kafka, not in memory.
+//!
+//! It runs on a plain thread so that the rebalance callback may block (bounded) while
+//! the scheduler drains the revoked partitions' in-flight sends.
+
+use super::offsets::OffsetTracker;
+use super::scheduler::{CampaignSettings, Control, Event, IncomingJob};
+use crate::config::KafkaSettings;
+use crate::job::{self, Job};
+use crate::shutdown::Shutdown;
+use crate::stats::JobProgressHandle;
+use crate::store::campaigns::{self, CampaignDefaults, CampaignStatus};
+use crate::store::dead_letters::{self, DeadLetter};
+use crate::store::{progress, DeadLetterKind, StoreError};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+
+/// Gauges the consumer publishes (for metrics and tests).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ConsumerStats {
+    pub buffered_jobs: usize,
+    pub buffered_devices: usize,
+    pub paused_partitions: Vec<i32>,
+    pub jobs_received: u64,
+    pub dead_letters: u64,
+    pub commits: u64,
+}
+
+/// Flushes stats and progress now (the flusher's `flush_now`), for revocation and shutdown.
+pub type FlushNow = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// What the consumer needs.
+pub struct ConsumerParams {
+    pub kafka: KafkaSettings,
+    pub bootstrap: String,
+    pub max_buffered_jobs: usize,
+    pub max_buffered_devices: usize,
+    pub drain_timeout: Duration,
+    pub defaults: CampaignDefaults,
+    pub pool: PgPool,
+    pub control: mpsc::Sender<Control>,
+    pub events: std::sync::mpsc::Receiver<Event>,
+    pub flush_now: FlushNow,
+    pub stats: tokio::sync::watch::Sender<ConsumerStats>,
+    pub runtime: Handle,
+}
+
+#[derive(Default)]
+struct PartitionLoad {
+    jobs: usize,
+    devices: usize,
+    paused: bool,
+}
+
+/// State shared by the poll loop and the rebalance callback (both on the consumer
+/// thread; the mutex is never contended).
+struct State {
+    topic: String,
+    tracker: OffsetTracker,
+    load: HashMap<i32, PartitionLoad>,
+    /// Finished jobs whose progress is not durable yet.
+    finishing: Vec<(i32, i64, usize, JobProgressHandle)>,
+    events: std::sync::mpsc::Receiver<Event>,
+    scheduler_gone: bool,
+    pool: PgPool,
+    runtime: Handle,
+    stats: ConsumerStats,
+}
+
+impl State {
+    /// Applies scheduler events: finished jobs wait for durability, dead letters are written.
+    fn drain_events(&mut self) {
+        loop {
+            match self.events.try_recv() {
+                Ok(Event::JobFinished {
+                    partition,
+                    offset,
+                    devices,
+                    progress,
+                }) => self
+                    .finishing
+                    .push((partition, offset, devices as usize, progress)),
+                Ok(Event::DeadLetter {
+                    campaign_id,
+                    job_id,
+                    partition,
+                    offset,
+                    device_token,
+                    reason,
+                    kind,
+                }) => {
+                    let letter = DeadLetter {
+                        kind,
+                        topic: &self.topic,
+                        partition,
+                        kafka_offset: offset,
+                        campaign_id: Some(&campaign_id),
+                        job_id: Some(&job_id),
+                        device_token: Some(&device_token),
+                        reason: &reason,
+                        raw: &[],
+                    };
+                    write_dead_letter(&self.pool, &self.runtime, &letter);
+                    self.stats.dead_letters += 1;
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    self.scheduler_gone = true;
+                    break;
+                }
+            }
+        }
+        let mut i = 0;
+        while i < self.finishing.len() {
+            if self.finishing[i].3.is_durably_complete() {
+                let (p, o, devices, _) = self.finishing.swap_remove(i);
+                self.tracker.finished(p, o);
+                let l = self.load.entry(p).or_default();
+                l.jobs = l.jobs.saturating_sub(1);
+                l.devices = l.devices.saturating_sub(devices);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn commit(&mut self, consumer: &BaseConsumer<Ctx>, mode: CommitMode, all: bool) {
+        let marks = if all {
+            self.tracker.watermarks()
+        } else {
+            self.tracker.take_new_watermarks()
+        };
+        if marks.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in &marks {
+            if tpl
+                .add_partition_offset(&self.topic, *p, Offset::Offset(*o))
+                .is_err()
+            {
+                continue;
+            }
+        }
+        match consumer.commit(&tpl, mode) {
+            Ok(()) => self.stats.commits += 1,
+            Err(e) => tracing::warn!(error = %e, "offset commit failed; will retry"),
+        }
+    }
+}
+
+/// Writes a dead letter, retrying until it is stored: a dead letter is never dropped.
+fn write_dead_letter(pool: &PgPool, rt: &Handle, letter: &DeadLetter<'_>) {
+    let mut backoff = Duration::from_millis(100);
+    let mut logged = false;
+    loop {
+        match rt.block_on(dead_letters::insert(pool, letter)) {
+            Ok(_) => {
+                if logged {
+                    tracing::info!("dead letters are being written again");
+                }
+                return;
+            }
+            Err(e) => {
+                if !logged {
+                    tracing::warn!(error = %e, "cannot write a dead letter; retrying (consumption waits)");
+                    logged = true;
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// The rebalance hooks.
+struct Ctx {
+    state: Arc<Mutex<State>>,
+    control: mpsc::Sender<Control>,
+    drain_timeout: Duration,
+    flush_now: FlushNow,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else {
+            return;
+        };
+        let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        tracing::info!(?partitions, "partitions revoked; draining them");
+        let state = self.state.clone();
+        let rt = state.lock().map(|s| s.runtime.clone());
+        let Ok(rt) = rt else { return };
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let sent = self
+            .control
+            .blocking_send(Control::Revoke {
+                partitions: partitions.clone(),
+                done: done_tx,
+            })
+            .is_ok();
+        if sent {
+            let waited = rt.block_on(tokio::time::timeout(self.drain_timeout, done_rx));
+            if waited.is_err() {
+                tracing::warn!("revoked partitions still had sends in flight at the drain timeout");
+            }
+        }
+        // Make progress durable, so the finished jobs can be committed now.
+        rt.block_on(tokio::time::timeout(self.drain_timeout, (self.flush_now)()))
+            .ok();
+        let Ok(mut s) = state.lock() else { return };
+        s.drain_events();
+        s.commit(consumer, CommitMode::Sync, true);
+        for p in &partitions {
+            s.tracker.forget(*p);
+            s.load.remove(p);
+        }
+        s.finishing.retain(|(p, ..)| !partitions.contains(p));
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+            tracing::info!(?partitions, "partitions assigned");
+        }
+    }
+}
+
+/// Starts the consumer thread. It returns when shut down and everything is committed.
+pub fn spawn(
+    params: ConsumerParams,
+    mut shutdown: Shutdown,
+) -> Result<std::thread::JoinHandle<()>, crate::broker::BrokerError> {
+    let ConsumerParams {
+        kafka,
+        bootstrap,
+        max_buffered_jobs,
+        max_buffered_devices,
+        drain_timeout,
+        defaults,
+        pool,
+        control,
+        events,
+        flush_now,
+        stats,
+        runtime,
+    } = params;
+    let state = Arc::new(Mutex::new(State {
+        topic: kafka.topic.clone(),
+        tracker: OffsetTracker::default(),
+        load: HashMap::new(),
+        finishing: Vec::new(),
+        events,
+        scheduler_gone: false,
+        pool: pool.clone(),
+        runtime: runtime.clone(),
+        stats: ConsumerStats::default(),
+    }));
+    let flush_for_loop = flush_now.clone();
+    let ctx = Ctx {
+        state: state.clone(),
+        control: control.clone(),
+        drain_timeout,
+        flush_now,
+    };
+    let mut config = crate::broker::consumer_config(&kafka, &bootstrap);
+    // Keep librdkafka's prefetch small: backpressure is ours, not its queue's.
+    config.set("queued.max.messages.kbytes", "8192");
+    let consumer: BaseConsumer<Ctx> = config.create_with_context(ctx)?;
+    consumer.subscribe(&[&kafka.topic])?;
+    let commit_every = Duration::from_millis(kafka.commit_interval_ms);
+    let thread = std::thread::Builder::new()
+        .name("kafka-consumer".into())
+        .spawn(move || {
+            let mut loop_state = Loop {
+                consumer,
+                state,
+                control,
+                pool,
+                runtime,
+                defaults,
+                topic: kafka.topic.clone(),
+                known: Default::default(),
+                max_jobs: max_buffered_jobs,
+                max_devices: max_buffered_devices,
+                stats,
+                db_down: Default::default(),
+                flush_now: flush_for_loop,
+            };
+            let mut last_commit = Instant::now();
+            while !shutdown.poll_now() {
+                loop_state.step();
+                if last_commit.elapsed() >= commit_every {
+                    loop_state.with_state(|s, c| s.commit(c, CommitMode::Async, false));
+                    last_commit = Instant::now();
+                }
+            }
+            loop_state.finish(drain_timeout);
+        })
+        .map_err(|e| crate::broker::BrokerError::Embedded(e.to_string()))?;
+    Ok(thread)
+}
+
+struct Loop {
+    consumer: BaseConsumer<Ctx>,
+    state: Arc<Mutex<State>>,
+    control: mpsc::Sender<Control>,
+    pool: PgPool,
+    runtime: Handle,
+    defaults: CampaignDefaults,
+    topic: String,
+    known: std::cell::RefCell<HashMap<String, CampaignSettings>>,
+    max_jobs: usize,
+    max_devices: usize,
+    stats: tokio::sync::watch::Sender<ConsumerStats>,
+    db_down: std::cell::Cell<bool>,
+    flush_now: FlushNow,
+}
+
+impl Loop {
+    fn with_state<R>(&self, f: impl FnOnce(&mut State, &BaseConsumer<Ctx>) -> R) -> R {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut s, &self.consumer)
+    }
+
+    /// One iteration: apply events, adjust pauses, read at most one message.
+    fn step(&mut self) {
+        self.with_state(|s, _| s.drain_events());
+        self.adjust_pauses();
+        self.publish_stats();
+        let polled = self.consumer.poll(Duration::from_millis(50));
+        match polled {
+            None => {}
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "kafka poll error (the client reconnects by itself)");
+            }
+            Some(Ok(msg)) => {
+                let partition = msg.partition();
+                let offset = msg.offset();
+                self.handle(&msg, partition, offset);
+            }
+        }
+    }
+
+    fn partition_shares(&self) -> (usize, usize) {
+        let n = self
+            .with_state(|s, _| s.load.len())
+            .max(self.consumer.assignment().map(|a| a.count()).unwrap_or(1))
+            .max(1);
+        ((self.max_jobs / n).max(1), (self.max_devices / n).max(1))
+    }
+
+    fn adjust_pauses(&mut self) {
+        let (max_jobs, max_devices) = self.partition_shares();
+        let topic = self.topic.clone();
+        self.with_state(|s, c| {
+            for (p, l) in s.load.iter_mut() {
+                let over = l.jobs >= max_jobs || l.devices >= max_devices;
+                let below_half = l.jobs <= max_jobs / 2 && l.devices <= max_devices / 2;
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&topic, *p);
+                if over && !l.paused {
+                    if c.pause(&tpl).is_ok() {
+                        l.paused = true;
+                        tracing::info!(
+                            partition = p,
+                            jobs = l.jobs,
+                            devices = l.devices,
+                            "partition paused: buffer full"
+                        );
+                    }
+                } else if l.paused && below_half && c.resume(&tpl).is_ok() {
+                    l.paused = false;
+                    tracing::info!(partition = p, "partition resumed");
+                }
+            }
+        });
+    }
+
+    fn publish_stats(&self) {
+        let snapshot = self.with_state(|s, _| {
+            let mut st = s.stats.clone();
+            st.buffered_jobs = s.load.values().map(|l| l.jobs).sum();
+            st.buffered_devices = s.load.values().map(|l| l.devices).sum();
+            st.paused_partitions = s
+                .load
+                .iter()
+                .filter(|(_, l)| l.paused)
+                .map(|(p, _)| *p)
+                .collect();
+            st.paused_partitions.sort_unstable();
+            st
+        });
+        self.stats.send_if_modified(|old| {
+            if *old != snapshot {
+                *old = snapshot;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    fn handle(&self, msg: &BorrowedMessage<'_>, partition: i32, offset: i64) {
+        let span = tracing::info_span!("job", partition, offset);
+        let _g = span.enter();
+        self.with_state(|s, _| {
+            s.tracker.started(partition, offset);
+            s.stats.jobs_received += 1;
+        });
+        let payload = msg.payload().unwrap_or(&[]);
+        let decoded = job::decode(payload, msg.key())
+            .map_err(|e| (e.kind(), e.to_string()))
+            .and_then(|j| match header_problem(msg) {
+                Some(reason) => Err((DeadLetterKind::InvalidJob, reason)),
+                None => Ok(j),
+            });
+        let job = match decoded {
+            Ok(j) => j,
+            Err((kind, reason)) => {
+                tracing::warn!(%reason, kind = kind.as_str(), "job dead-lettered");
+                let key_campaign = msg.key().and_then(|k| std::str::from_utf8(k).ok());
+                let letter = DeadLetter {
+                    kind,
+                    topic: &self.topic,
+                    partition,
+                    kafka_offset: offset,
+                    campaign_id: key_campaign.filter(|k| campaigns::validate_id(k).is_ok()),
+                    job_id: None,
+                    device_token: None,
+                    reason: &reason,
+                    raw: payload,
+                };
+                write_dead_letter(&self.pool, &self.runtime, &letter);
+                self.with_state(|s, _| {
+                    s.stats.dead_letters += 1;
+                    s.tracker.finished(partition, offset);
+                });
+                return;
+            }
+        };
+        let settings = self.campaign_settings(&job);
+        let already_done = self.already_done(&job);
+        let devices = job.devices.len();
+        self.with_state(|s, _| {
+            let l = s.load.entry(partition).or_default();
+            l.jobs += 1;
+            l.devices += devices;
+        });
+        let incoming = IncomingJob {
+            job: Arc::new(job),
+            partition,
+            offset,
+            already_done,
+            settings,
+        };
+        // Blocks when the scheduler's queue is full: a natural brake on consumption.
+        if self.control.blocking_send(Control::Job(incoming)).is_err() {
+            tracing::warn!("scheduler is gone; job left for re-delivery");
+        }
+    }
+
+    /// The campaign's stored settings, creating the campaign on its first job.
+    fn campaign_settings(&self, job: &Job) -> CampaignSettings {
+        if let Some(s) = self.known.borrow().get(&job.campaign_id) {
+            return s.clone();
+        }
+        let pool = self.pool.clone();
+        let defaults = self.defaults;
+        let stored = self.retry_db("campaign lookup", || {
+            let pool = pool.clone();
+            let id = job.campaign_id.clone();
+            let (rate, alg) = (job.send_rate, job.algorithm);
+            async move { campaigns::upsert_from_job(&pool, &id, rate, alg, &defaults).await }
+        });
+        let settings = CampaignSettings {
+            id: Arc::from(stored.id.as_str()),
+            rate: stored.rate().unwrap_or(defaults.send_rate),
+            algorithm: stored.algorithm,
+            burst: stored.burst,
+            paused: stored.status == CampaignStatus::Paused,
+        };
+        // Only the first job's lookup is cached; later changes arrive from the watcher.
+        let mut known = self.known.borrow_mut();
+        if known.len() > 100_000 {
+            known.clear();
+        }
+        known.insert(job.campaign_id.clone(), settings.clone());
+        settings
+    }
+
+    fn already_done(&self, job: &Job) -> u32 {
+        let pool = self.pool.clone();
+        let id = job.job_id.clone();
+        let found = self.retry_db("progress lookup", || {
+            let pool = pool.clone();
+            let id = id.clone();
+            async move { progress::lookup(&pool, &id).await }
+        });
+        match found {
+            Some(p) if p.campaign_id == job.campaign_id => p.devices_done,
+            Some(p) => {
+                tracing::warn!(job_id = %job.job_id, stored_campaign = %p.campaign_id, "job_id reused by another campaign; sending it in full");
+                0
+            }
+            None => 0,
+        }
+    }
+
+    /// Runs a database call until it succeeds: the job waits, it is never dropped.
+    fn retry_db<T, F, Fut>(&self, what: &str, mut f: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.runtime.block_on(f()) {
+                Ok(v) => {
+                    if self.db_down.replace(false) {
+                        tracing::info!("database reachable again");
+                    }
+                    return v;
+                }
+                Err(e) => {
+                    if !self.db_down.replace(true) {
+                        tracing::warn!(error = %e, what, "database call failed; retrying with backoff");
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// After shutdown: wait for the scheduler to drain, then make the last commit.
+    fn finish(self, drain_timeout: Duration) {
+        let deadline = Instant::now() + drain_timeout + Duration::from_secs(5);
+        // The scheduler drains its in-flight sends, then drops its event sender.
+        while !self.with_state(|s, _| {
+            s.drain_events();
+            s.scheduler_gone
+        }) && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Make the last progress durable so that the finished jobs can be committed.
+        let _ = self.runtime.block_on(tokio::time::timeout(
+            Duration::from_secs(10),
+            (self.flush_now)(),
+        ));
+        self.with_state(|s, c| {
+            s.drain_events();
+            s.commit(c, CommitMode::Sync, true);
+        });
+        self.publish_stats();
+        tracing::info!("consumer stopped; offsets committed");
+    }
+}
+
+/// Headers must be UTF-8 text when present; anything else is refused with a reason.
+fn header_problem(msg: &BorrowedMessage<'_>) -> Option<String> {
+    let headers = msg.headers()?;
+    for h in headers.iter() {
+        if let Some(v) = h.value {
+            if std::str::from_utf8(v).is_err() {
+                return Some(format!("header {:?} is not UTF-8 text", h.key));
+            }
+        }
+    }
+    None
+}

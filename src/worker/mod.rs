@@ -1,0 +1,281 @@
+//! The worker: wires consumer → scheduler → sender → stats flusher, and shuts them down
+//! in the order that loses nothing.
+//!
+//! - [`consumer`]: the Kafka consumer-group member (own thread), offsets and backpressure.
+//! - [`scheduler`]: the 1/N time-slice scheduler and its async driver.
+//! - [`offsets`]: per-partition watermarks.
+//!
+//! Shutdown order: the signal stops fetching and dispatching; the scheduler waits for
+//! its in-flight sends (up to `drain_timeout`); the consumer flushes progress and
+//! commits what is durable; then the flusher makes its final flush.
+
+pub mod consumer;
+pub mod offsets;
+pub mod scheduler;
+
+use crate::config::{SenderKind, Settings};
+use crate::limiter::{Clock, MonotonicClock};
+use crate::sender::{AnySender, HttpSender, HttpSenderConfig, NullSender};
+use crate::shutdown::ShutdownController;
+use crate::stats::{Flusher, FlusherConfig, StatsRecorder};
+use crate::store::campaigns::{Campaign, CampaignDefaults, CampaignStatus};
+use crate::store::listen::{CampaignWatcher, WatcherConfig};
+use consumer::{ConsumerParams, ConsumerStats};
+use scheduler::{CampaignSettings, Control, Scheduler, SchedulerConfig, SchedulerStats, TimeBase};
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Errors starting or stopping the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Broker(#[from] crate::broker::BrokerError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Sender(#[from] crate::sender::SenderError),
+    #[error("a worker task failed: {0}")]
+    Task(String),
+}
+
+/// Builds the sender the settings ask for.
+pub fn build_sender(settings: &Settings) -> Result<AnySender, WorkerError> {
+    Ok(match settings.sender.kind {
+        SenderKind::Null => AnySender::Null(NullSender),
+        SenderKind::Http => {
+            let mut c = HttpSenderConfig::new(settings.sender.url.clone());
+            c.timeout = Duration::from_millis(settings.sender.timeout_ms);
+            c.http2_prior_knowledge = settings.sender.http2_prior_knowledge;
+            AnySender::Http(HttpSender::new(&c)?)
+        }
+    })
+}
+
+/// The defaults for campaigns created by a job that names no rate or algorithm.
+pub fn campaign_defaults(settings: &Settings) -> CampaignDefaults {
+    CampaignDefaults {
+        send_rate: settings.limiter.default_rate(),
+        algorithm: settings.limiter.algorithm,
+        burst: settings.limiter.burst,
+    }
+}
+
+/// Converts stored settings into the scheduler's; a stored rate is always valid (the
+/// table's CHECK constraint), the fallback only guards a hand-edited row.
+pub fn to_settings(c: &Campaign, fallback: &CampaignDefaults) -> CampaignSettings {
+    CampaignSettings {
+        id: Arc::from(c.id.as_str()),
+        rate: c.rate().unwrap_or(fallback.send_rate),
+        algorithm: c.algorithm,
+        burst: c.burst,
+        paused: c.status == CampaignStatus::Paused,
+    }
+}
+
+/// A running worker.
+pub struct Worker {
+    shutdown: ShutdownController,
+    consumer: std::thread::JoinHandle<()>,
+    scheduler: tokio::task::JoinHandle<()>,
+    forwarder: tokio::task::JoinHandle<()>,
+    flusher_stop: watch::Sender<bool>,
+    flusher_task: tokio::task::JoinHandle<Result<(), crate::stats::StatsError>>,
+    watcher_stop: watch::Sender<bool>,
+    _watcher: CampaignWatcher,
+    pub flusher: Flusher,
+    pub scheduler_stats: watch::Receiver<SchedulerStats>,
+    pub consumer_stats: watch::Receiver<ConsumerStats>,
+    pub control: mpsc::Sender<Control>,
+}
+
+impl Worker {
+    /// Starts every part. Must run inside a multi-threaded tokio runtime.
+    pub async fn start(
+        settings: &Settings,
+        pool: PgPool,
+        bootstrap: String,
+        sender: AnySender,
+    ) -> Result<Worker, WorkerError> {
+        Self::start_with_clock(
+            settings,
+            pool,
+            bootstrap,
+            sender,
+            Arc::new(MonotonicClock::new()),
+        )
+        .await
+    }
+
+    pub async fn start_with_clock(
+        settings: &Settings,
+        pool: PgPool,
+        bootstrap: String,
+        sender: AnySender,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Worker, WorkerError> {
+        let w = &settings.worker;
+        let defaults = campaign_defaults(settings);
+        let recorder = StatsRecorder::new();
+        let flusher = Flusher::new(
+            recorder.clone(),
+            pool.clone(),
+            FlusherConfig {
+                interval: Duration::from_millis(w.stats_flush_ms),
+                ..FlusherConfig::default()
+            },
+        );
+        let (flusher_stop, flusher_rx) = watch::channel(false);
+        let flusher_task = flusher.spawn(flusher_rx);
+
+        let (watcher_stop, watcher_rx) = watch::channel(false);
+        let watcher = CampaignWatcher::start(
+            pool.clone(),
+            WatcherConfig {
+                refresh_interval: Duration::from_secs(1),
+                ..WatcherConfig::default()
+            },
+            watcher_rx,
+        )
+        .await?;
+
+        let shutdown = ShutdownController::new();
+        let (control_tx, control_rx) = mpsc::channel::<Control>(64);
+        let (completions_tx, completions_rx) = mpsc::unbounded_channel();
+        let (events_tx, events_rx) = std::sync::mpsc::channel();
+        let (sched_stats_tx, scheduler_stats) = watch::channel(SchedulerStats::default());
+        let (consumer_stats_tx, consumer_stats) = watch::channel(ConsumerStats::default());
+
+        let scheduler = Scheduler::new(
+            SchedulerConfig {
+                max_active_campaigns: w.max_active_campaigns,
+                quantum_min: Duration::from_millis(w.quantum_min_ms),
+                quantum_max: Duration::from_millis(w.quantum_max_ms),
+                max_in_flight: settings.sender.max_in_flight,
+                max_attempts: settings.sender.max_attempts,
+                retry_base: Duration::from_millis(settings.sender.retry_base_ms),
+                retry_max: Duration::from_millis(settings.sender.retry_max_ms),
+                global_rate: settings.limiter.global_rate(),
+            },
+            sender,
+            recorder,
+            completions_tx,
+            events_tx,
+        );
+        let drain_timeout = Duration::from_millis(w.drain_timeout_ms);
+        let scheduler = tokio::spawn(scheduler::run(
+            scheduler,
+            TimeBase::new(clock),
+            control_rx,
+            completions_rx,
+            shutdown.subscribe(),
+            drain_timeout,
+            sched_stats_tx,
+        ));
+
+        let forwarder = tokio::spawn(forward_settings(
+            watcher.subscribe(),
+            control_tx.clone(),
+            defaults,
+        ));
+
+        let flush_handle = flusher.clone();
+        let consumer = consumer::spawn(
+            ConsumerParams {
+                kafka: settings.kafka.clone(),
+                bootstrap,
+                max_buffered_jobs: w.max_buffered_jobs,
+                max_buffered_devices: w.max_buffered_devices,
+                drain_timeout,
+                defaults,
+                pool,
+                control: control_tx.clone(),
+                events: events_rx,
+                flush_now: Arc::new(move || {
+                    let f = flush_handle.clone();
+                    Box::pin(async move {
+                        if let Err(e) = f.flush_now().await {
+                            tracing::warn!(error = %e, "flush failed; progress stays pending");
+                        }
+                    })
+                }),
+                stats: consumer_stats_tx,
+                runtime: tokio::runtime::Handle::current(),
+            },
+            shutdown.subscribe(),
+        )?;
+        Ok(Worker {
+            shutdown,
+            consumer,
+            scheduler,
+            forwarder,
+            flusher_stop,
+            flusher_task,
+            watcher_stop,
+            _watcher: watcher,
+            flusher,
+            scheduler_stats,
+            consumer_stats,
+            control: control_tx,
+        })
+    }
+
+    /// Graceful stop: drain in-flight sends, flush, commit.
+    pub async fn shutdown(self) -> Result<(), WorkerError> {
+        let Worker {
+            shutdown,
+            consumer,
+            scheduler,
+            forwarder,
+            flusher_stop,
+            flusher_task,
+            watcher_stop,
+            control,
+            ..
+        } = self;
+        shutdown.trigger();
+        forwarder.abort();
+        drop(control);
+        let joined = tokio::task::spawn_blocking(move || consumer.join()).await;
+        if !matches!(joined, Ok(Ok(()))) {
+            tracing::error!("the consumer thread panicked");
+        }
+        let _ = scheduler.await;
+        shutdown.shutdown().await;
+        let _ = flusher_stop.send(true);
+        let flushed = flusher_task
+            .await
+            .map_err(|e| WorkerError::Task(e.to_string()))?;
+        if let Err(e) = flushed {
+            tracing::error!(error = %e, "final stats flush failed");
+        }
+        let _ = watcher_stop.send(true);
+        Ok(())
+    }
+}
+
+/// Sends each changed campaign's settings to the scheduler.
+async fn forward_settings(
+    mut snapshots: watch::Receiver<crate::store::listen::CampaignSnapshot>,
+    control: mpsc::Sender<Control>,
+    defaults: CampaignDefaults,
+) {
+    let mut last: HashMap<String, CampaignSettings> = HashMap::new();
+    loop {
+        let current = snapshots.borrow_and_update().clone();
+        for (id, c) in current.iter() {
+            let s = to_settings(c, &defaults);
+            if last.get(id) != Some(&s) {
+                if control.send(Control::Settings(s.clone())).await.is_err() {
+                    return;
+                }
+                last.insert(id.clone(), s);
+            }
+        }
+        if snapshots.changed().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,851 @@
+//! The 1/N time-slice scheduler: one task shares each quantum among up to
+//! `max_active_campaigns` campaigns.
+//!
+//! A round lasts one quantum `q` (between `quantum_min` and `quantum_max`, shorter when
+//! the summed rate is high). In a round every active campaign gets one turn, starting
+//! from a rotating position: it asks its limiter for as many permits as it has ready
+//! work and in-flight room ([`RateLimiter::acquire_up_to`]), dispatches that many sends
+//! without waiting for them, and yields. Between rounds the task sleeps until the
+//! earliest instant a limiter named, a retry falls due, or the next round, so it never
+//! spins.
+//!
+//! The core ([`Scheduler`]) is synchronous and owns all its state: no locks, and no
+//! allocation per send with the null sender (the send's future is ready at once and
+//! handled inline). The async driver ([`run`]) feeds it jobs, completions and settings.
+//!
+//! Timer wake-ups are only as fine as ~1 ms, so each campaign's limiter gets a catch-up
+//! allowance of one minimum quantum (`rate × quantum_min` permits) on top of its burst;
+//! without it a 2,000/s campaign woken every millisecond would lose half its permits.
+//! The allowance costs at most `rate × quantum_min` (1% at the default 10 ms) in any 1 s
+//! window.
+
+use crate::job::Job;
+use crate::limiter::hierarchical::HierarchicalLimiter;
+use crate::limiter::{self, Algorithm, Clock, DynLimiter, Nanos, Rate, NANOS_PER_SEC};
+use crate::sender::{retry_delay, AnySender, SendFuture, SendOutcome, Sender};
+use crate::stats::{CampaignCounter, JobKey, JobProgressHandle, Outcome, StatsRecorder};
+use crate::store::DeadLetterKind;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// The scheduler's settings.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub max_active_campaigns: usize,
+    pub quantum_min: Duration,
+    pub quantum_max: Duration,
+    pub max_in_flight: usize,
+    pub max_attempts: u32,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    /// A cap over all campaigns (hierarchical limiter).
+    pub global_rate: Option<Rate>,
+}
+
+/// A campaign's effective settings (the store's, which win over a job's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CampaignSettings {
+    pub id: Arc<str>,
+    pub rate: Rate,
+    pub algorithm: Algorithm,
+    pub burst: u32,
+    pub paused: bool,
+}
+
+/// A job handed over by the consumer.
+#[derive(Debug)]
+pub struct IncomingJob {
+    pub job: Arc<Job>,
+    pub partition: i32,
+    pub offset: i64,
+    /// Devices already finished in an earlier run (from job_progress).
+    pub already_done: u32,
+    pub settings: CampaignSettings,
+}
+
+/// Messages into the scheduler.
+#[derive(Debug)]
+pub enum Control {
+    Job(IncomingJob),
+    Settings(CampaignSettings),
+    /// Stop dispatching these partitions' jobs, wait for their in-flight sends, drop
+    /// them, and answer. Their unfinished devices are re-read by the next owner.
+    Revoke {
+        partitions: Vec<i32>,
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// Messages out of the scheduler.
+#[derive(Debug)]
+pub enum Event {
+    /// Every device of the job at (partition, offset) is finished. Its offset may be
+    /// committed once `progress` is durable (counts and progress flushed together).
+    JobFinished {
+        partition: i32,
+        offset: i64,
+        devices: u32,
+        progress: JobProgressHandle,
+    },
+    /// A device that will not be delivered.
+    DeadLetter {
+        campaign_id: Arc<str>,
+        job_id: String,
+        partition: i32,
+        offset: i64,
+        device_token: String,
+        reason: String,
+        kind: DeadLetterKind,
+    },
+}
+
+/// A finished send, from a spawned future back to the scheduler.
+#[derive(Debug)]
+pub struct Completion {
+    slot: u32,
+    device: u32,
+    attempt: u32,
+    outcome: SendOutcome,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct RetryItem {
+    not_before: Nanos,
+    slot: u32,
+    device: u32,
+    attempt: u32,
+}
+
+struct ActiveJob {
+    job: Arc<Job>,
+    campaign: u32,
+    partition: i32,
+    offset: i64,
+    /// The next device never dispatched.
+    next: u32,
+    /// One bit per device: finished.
+    done: Vec<u64>,
+    done_count: u32,
+    /// Devices 0..done_prefix are all finished.
+    done_prefix: u32,
+    in_flight: u32,
+    progress: JobProgressHandle,
+}
+
+impl ActiveJob {
+    fn total(&self) -> u32 {
+        self.job.devices.len() as u32
+    }
+
+    fn is_done(&self, i: u32) -> bool {
+        self.done[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    fn mark_done(&mut self, i: u32) {
+        self.done[(i / 64) as usize] |= 1 << (i % 64);
+        self.done_count += 1;
+        while self.done_prefix < self.total() && self.is_done(self.done_prefix) {
+            self.done_prefix += 1;
+        }
+        self.progress.set_done(self.done_prefix);
+    }
+}
+
+struct Campaign {
+    settings: CampaignSettings,
+    limiter: DynLimiter,
+    /// Job slots with devices never dispatched, oldest first.
+    queue: VecDeque<u32>,
+    retries: BinaryHeap<Reverse<RetryItem>>,
+    in_flight: u32,
+    open_jobs: u32,
+    /// When the limiter said the next permit is due.
+    next_at: Option<Nanos>,
+    counter: CampaignCounter,
+    active: bool,
+}
+
+impl Campaign {
+    fn has_work(&self) -> bool {
+        self.open_jobs > 0
+    }
+}
+
+/// Counters the worker exposes (read by metrics and tests).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub active_campaigns: usize,
+    pub waiting_campaigns: usize,
+    pub max_active_seen: usize,
+    pub in_flight: usize,
+    pub open_jobs: usize,
+    pub sends: u64,
+}
+
+/// The synchronous scheduler core.
+pub struct Scheduler {
+    config: SchedulerConfig,
+    sender: AnySender,
+    stats: StatsRecorder,
+    global: Option<HierarchicalLimiter>,
+    campaigns: Vec<Option<Campaign>>,
+    by_id: HashMap<Arc<str>, u32>,
+    known: HashMap<Arc<str>, CampaignSettings>,
+    active: Vec<u32>,
+    waiting: VecDeque<u32>,
+    rotate: usize,
+    jobs: Vec<Option<ActiveJob>>,
+    free_jobs: Vec<u32>,
+    in_flight: usize,
+    completions: mpsc::UnboundedSender<Completion>,
+    events: std::sync::mpsc::Sender<Event>,
+    revoking: Option<(Vec<i32>, oneshot::Sender<()>)>,
+    draining: bool,
+    counters: SchedulerStats,
+}
+
+impl Scheduler {
+    pub fn new(
+        config: SchedulerConfig,
+        sender: AnySender,
+        stats: StatsRecorder,
+        completions: mpsc::UnboundedSender<Completion>,
+        events: std::sync::mpsc::Sender<Event>,
+    ) -> Self {
+        let global = config.global_rate.map(|r| {
+            HierarchicalLimiter::new(
+                r,
+                r.permits_in(config.quantum_min.as_nanos() as Nanos).ceil() as u32,
+            )
+        });
+        Self {
+            config,
+            sender,
+            stats,
+            global,
+            campaigns: Vec::new(),
+            by_id: HashMap::new(),
+            known: HashMap::new(),
+            active: Vec::new(),
+            waiting: VecDeque::new(),
+            rotate: 0,
+            jobs: Vec::new(),
+            free_jobs: Vec::new(),
+            in_flight: 0,
+            completions,
+            events,
+            revoking: None,
+            draining: false,
+            counters: SchedulerStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            active_campaigns: self.active.len(),
+            waiting_campaigns: self.waiting.len(),
+            in_flight: self.in_flight,
+            open_jobs: self.jobs.len() - self.free_jobs.len(),
+            ..self.counters
+        }
+    }
+
+    /// The catch-up allowance described in the module doc, in permits.
+    fn catch_up(&self, rate: Rate) -> u32 {
+        rate.permits_in(self.config.quantum_min.as_nanos() as Nanos)
+            .ceil() as u32
+    }
+
+    fn build_limiter(&self, s: &CampaignSettings) -> DynLimiter {
+        let burst = s.burst.saturating_add(self.catch_up(s.rate));
+        let inner = limiter::build(s.algorithm, s.rate, burst);
+        match &self.global {
+            Some(g) => Arc::new(g.campaign_with(inner, s.burst)),
+            None => inner,
+        }
+    }
+
+    /// Applies settings from the store (rate change, pause, algorithm change).
+    pub fn apply_settings(&mut self, s: CampaignSettings, now: Nanos) {
+        self.known.insert(s.id.clone(), s.clone());
+        let Some(&slot) = self.by_id.get(&s.id) else {
+            return;
+        };
+        let rebuild = {
+            let c = self.campaigns[slot as usize]
+                .as_ref()
+                .expect("indexed campaign");
+            c.settings.algorithm != s.algorithm || c.settings.burst != s.burst
+        };
+        let limiter = rebuild.then(|| self.build_limiter(&s));
+        let c = self.campaigns[slot as usize]
+            .as_mut()
+            .expect("indexed campaign");
+        match limiter {
+            Some(l) => c.limiter = l,
+            // set_rate keeps the limiter's state, so a change never releases a burst.
+            None if c.settings.rate != s.rate => c.limiter.set_rate(s.rate, now),
+            None => {}
+        }
+        c.next_at = None;
+        tracing::info!(campaign = %s.id, rate = %s.rate, algorithm = %s.algorithm, paused = s.paused, "campaign settings applied");
+        c.settings = s;
+    }
+
+    /// Takes a job from the consumer.
+    pub fn add_job(&mut self, incoming: IncomingJob, now: Nanos) {
+        let IncomingJob {
+            job,
+            partition,
+            offset,
+            already_done,
+            settings,
+        } = incoming;
+        let total = job.devices.len() as u32;
+        let campaign_id: Arc<str> = Arc::from(job.campaign_id.as_str());
+        let settings = self.known.get(&campaign_id).cloned().unwrap_or(settings);
+        self.known.insert(campaign_id.clone(), settings.clone());
+        let cslot = self.campaign_slot(settings, now);
+
+        let progress = self.stats.track_job(JobKey {
+            job_id: job.job_id.clone(),
+            campaign_id: job.campaign_id.clone(),
+            partition,
+            offset,
+            devices_total: total,
+        });
+        let already_done = already_done.min(total);
+        let mut active = ActiveJob {
+            job,
+            campaign: cslot,
+            partition,
+            offset,
+            next: already_done,
+            done: vec![0; total.div_ceil(64) as usize],
+            done_count: 0,
+            done_prefix: 0,
+            in_flight: 0,
+            progress,
+        };
+        for i in 0..already_done {
+            active.mark_done(i);
+        }
+        if active.done_count == total {
+            // Finished in an earlier run: nothing to send.
+            let _ = self.events.send(Event::JobFinished {
+                partition,
+                offset,
+                devices: total,
+                progress: active.progress,
+            });
+            self.release_campaign_if_idle(cslot);
+            return;
+        }
+        let slot = match self.free_jobs.pop() {
+            Some(s) => {
+                self.jobs[s as usize] = Some(active);
+                s
+            }
+            None => {
+                self.jobs.push(Some(active));
+                (self.jobs.len() - 1) as u32
+            }
+        };
+        let c = self.campaigns[cslot as usize]
+            .as_mut()
+            .expect("campaign slot");
+        c.queue.push_back(slot);
+        c.open_jobs += 1;
+        if !c.active && !self.waiting.contains(&cslot) {
+            if self.active.len() < self.config.max_active_campaigns {
+                self.activate(cslot);
+            } else {
+                self.waiting.push_back(cslot);
+            }
+        }
+    }
+
+    fn campaign_slot(&mut self, settings: CampaignSettings, _now: Nanos) -> u32 {
+        if let Some(&s) = self.by_id.get(&settings.id) {
+            return s;
+        }
+        let limiter = self.build_limiter(&settings);
+        let counter = self.stats.campaign(&settings.id);
+        let id = settings.id.clone();
+        let c = Campaign {
+            settings,
+            limiter,
+            queue: VecDeque::new(),
+            retries: BinaryHeap::new(),
+            in_flight: 0,
+            open_jobs: 0,
+            next_at: None,
+            counter,
+            active: false,
+        };
+        let slot = match self.campaigns.iter().position(|c| c.is_none()) {
+            Some(i) => {
+                self.campaigns[i] = Some(c);
+                i as u32
+            }
+            None => {
+                self.campaigns.push(Some(c));
+                (self.campaigns.len() - 1) as u32
+            }
+        };
+        self.by_id.insert(id, slot);
+        slot
+    }
+
+    fn activate(&mut self, slot: u32) {
+        let c = self.campaigns[slot as usize]
+            .as_mut()
+            .expect("campaign slot");
+        c.active = true;
+        self.active.push(slot);
+        self.counters.max_active_seen = self.counters.max_active_seen.max(self.active.len());
+        tracing::info!(campaign = %c.settings.id, active = self.active.len(), "campaign active");
+    }
+
+    /// Deactivates and forgets a campaign with no open jobs; admits a waiting one.
+    fn release_campaign_if_idle(&mut self, slot: u32) {
+        let idle = self.campaigns[slot as usize]
+            .as_ref()
+            .is_some_and(|c| !c.has_work() && c.in_flight == 0);
+        if !idle {
+            return;
+        }
+        let c = self.campaigns[slot as usize].take().expect("campaign slot");
+        self.by_id.remove(&c.settings.id);
+        self.active.retain(|&s| s != slot);
+        self.waiting.retain(|&s| s != slot);
+        tracing::info!(campaign = %c.settings.id, "campaign idle");
+        drop(c);
+        while self.active.len() < self.config.max_active_campaigns {
+            match self.waiting.pop_front() {
+                Some(next) => self.activate(next),
+                None => break,
+            }
+        }
+    }
+
+    /// The round's quantum: short when rates are high, long when they are low. It aims at
+    /// about 100 sends per round in total, within [quantum_min, quantum_max].
+    pub fn quantum(&self) -> Duration {
+        let total: f64 = self
+            .active
+            .iter()
+            .filter_map(|&s| self.campaigns[s as usize].as_ref())
+            .map(|c| c.settings.rate.as_f64())
+            .sum();
+        if total <= 0.0 {
+            return self.config.quantum_max;
+        }
+        Duration::from_secs_f64(100.0 / total)
+            .clamp(self.config.quantum_min, self.config.quantum_max)
+    }
+
+    /// One round: a turn for every active campaign. Returns when the scheduler next has
+    /// something to do (a limiter's next permit or a retry falling due), if sooner than
+    /// the next round.
+    pub fn run_round(&mut self, now: Nanos, unix_sec: u64) -> Option<Nanos> {
+        let n = self.active.len();
+        // The flusher holds too many unwritten rows (database down): pause, never drop.
+        if n == 0 || self.draining || self.stats.backpressure() {
+            return None;
+        }
+        let share = (self.config.max_in_flight / n).max(1) as u32;
+        let mut next_wake: Option<Nanos> = None;
+        let start = self.rotate % n;
+        self.rotate = self.rotate.wrapping_add(1);
+        // Campaigns that go idle in this round are released after it.
+        for k in 0..n {
+            let slot = self.active[(start + k) % n];
+            if let Some(t) = self.turn(slot, share, now, unix_sec) {
+                next_wake = Some(next_wake.map_or(t, |w: Nanos| w.min(t)));
+            }
+        }
+        next_wake
+    }
+
+    fn turn(&mut self, slot: u32, share: u32, now: Nanos, unix_sec: u64) -> Option<Nanos> {
+        let room_total = self.config.max_in_flight.saturating_sub(self.in_flight) as u32;
+        let revoking = self.revoking.as_ref().map(|(p, _)| p.clone());
+        let c = self.campaigns[slot as usize].as_mut()?;
+        if c.settings.paused {
+            return None;
+        }
+        if let Some(t) = c.next_at {
+            if t > now {
+                return Some(t);
+            }
+        }
+        let ready_retries = c
+            .retries
+            .iter()
+            .filter(|Reverse(r)| r.not_before <= now)
+            .count() as u32;
+        let mut undispatched: u32 = 0;
+        for &j in &c.queue {
+            if let Some(job) = self.jobs[j as usize].as_ref() {
+                undispatched = undispatched.saturating_add(job.total() - job.next);
+                if undispatched >= share {
+                    break;
+                }
+            }
+        }
+        let room = share.saturating_sub(c.in_flight).min(room_total);
+        let want = (ready_retries + undispatched).min(room);
+        let mut wake = c
+            .retries
+            .peek()
+            .map(|Reverse(r)| r.not_before)
+            .filter(|&t| t > now);
+        if want == 0 {
+            return wake;
+        }
+        let grant = c.limiter.acquire_up_to(want, now);
+        c.next_at = grant.next_at;
+        if let Some(t) = grant.next_at {
+            wake = Some(wake.map_or(t, |w| w.min(t)));
+        }
+        let mut left = grant.granted;
+        // Retries first: they are the oldest work.
+        while left > 0 {
+            let c = self.campaigns[slot as usize].as_mut()?;
+            match c.retries.peek() {
+                Some(Reverse(r)) if r.not_before <= now => {
+                    let r = c.retries.pop().expect("peeked").0;
+                    self.dispatch(slot, r.slot, r.device, r.attempt, now, unix_sec);
+                    left -= 1;
+                }
+                _ => break,
+            }
+        }
+        while left > 0 {
+            let c = self.campaigns[slot as usize].as_mut()?;
+            let Some(&jslot) = c.queue.front() else { break };
+            let job = self.jobs[jslot as usize].as_mut().expect("queued job");
+            if revoking
+                .as_ref()
+                .is_some_and(|p| p.contains(&job.partition))
+            {
+                break;
+            }
+            let device = job.next;
+            job.next += 1;
+            if job.next == job.total() {
+                c.queue.pop_front();
+            }
+            self.dispatch(slot, jslot, device, 0, now, unix_sec);
+            left -= 1;
+        }
+        wake
+    }
+
+    fn dispatch(
+        &mut self,
+        cslot: u32,
+        jslot: u32,
+        device: u32,
+        attempt: u32,
+        now: Nanos,
+        unix_sec: u64,
+    ) {
+        let job = self.jobs[jslot as usize].as_mut().expect("dispatched job");
+        job.in_flight += 1;
+        let future: SendFuture = self.sender.send(&job.job, device as usize);
+        let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
+        c.in_flight += 1;
+        self.in_flight += 1;
+        self.counters.sends += 1;
+        match future.into_ready() {
+            Ok(outcome) => self.complete(
+                Completion {
+                    slot: jslot,
+                    device,
+                    attempt,
+                    outcome,
+                },
+                now,
+                unix_sec,
+            ),
+            Err(pending) => {
+                let tx = self.completions.clone();
+                tokio::spawn(async move {
+                    let outcome = pending.await;
+                    let _ = tx.send(Completion {
+                        slot: jslot,
+                        device,
+                        attempt,
+                        outcome,
+                    });
+                });
+            }
+        }
+    }
+
+    /// Records the outcome of one send.
+    pub fn complete(&mut self, done: Completion, now: Nanos, unix_sec: u64) {
+        let Completion {
+            slot,
+            device,
+            attempt,
+            outcome,
+        } = done;
+        let Some(job) = self.jobs[slot as usize].as_mut() else {
+            return;
+        };
+        job.in_flight -= 1;
+        let cslot = job.campaign;
+        self.in_flight -= 1;
+        let c = self.campaigns[cslot as usize]
+            .as_mut()
+            .expect("campaign of job");
+        c.in_flight -= 1;
+        let finished_device = match outcome {
+            SendOutcome::Delivered => {
+                c.counter.record(unix_sec, Outcome::Sent, 1);
+                true
+            }
+            SendOutcome::Retry { after, reason } => {
+                c.counter.record(unix_sec, Outcome::Retried, 1);
+                if attempt + 1 >= self.config.max_attempts {
+                    c.counter.record(unix_sec, Outcome::Failed, 1);
+                    let reason = format!("gave up after {} attempts; last: {reason}", attempt + 1);
+                    self.dead_letter(slot, device, reason);
+                    true
+                } else {
+                    let delay = retry_delay(
+                        attempt + 1,
+                        after,
+                        self.config.retry_base,
+                        self.config.retry_max,
+                    );
+                    c.retries.push(Reverse(RetryItem {
+                        not_before: now + delay.as_nanos() as Nanos,
+                        slot,
+                        device,
+                        attempt: attempt + 1,
+                    }));
+                    false
+                }
+            }
+            SendOutcome::Failed { status, reason } => {
+                c.counter.record(unix_sec, Outcome::Failed, 1);
+                let reason = match status {
+                    Some(s) => format!("permanent failure (HTTP {s}): {reason}"),
+                    None => format!("permanent failure: {reason}"),
+                };
+                self.dead_letter(slot, device, reason);
+                true
+            }
+        };
+        if finished_device {
+            let job = self.jobs[slot as usize].as_mut().expect("job");
+            job.mark_done(device);
+            if job.done_count == job.total() {
+                self.finish_job(slot);
+            }
+        }
+        self.check_revoke_done();
+    }
+
+    fn dead_letter(&mut self, slot: u32, device: u32, reason: String) {
+        let job = self.jobs[slot as usize].as_ref().expect("job");
+        let _ = self.events.send(Event::DeadLetter {
+            campaign_id: Arc::from(job.job.campaign_id.as_str()),
+            job_id: job.job.job_id.clone(),
+            partition: job.partition,
+            offset: job.offset,
+            device_token: job.job.devices[device as usize].clone(),
+            reason,
+            kind: DeadLetterKind::Undeliverable,
+        });
+    }
+
+    fn finish_job(&mut self, slot: u32) {
+        let job = self.jobs[slot as usize].take().expect("job");
+        self.free_jobs.push(slot);
+        let cslot = job.campaign;
+        let devices = job.total();
+        let _ = self.events.send(Event::JobFinished {
+            partition: job.partition,
+            offset: job.offset,
+            devices,
+            progress: job.progress,
+        });
+        if let Some(c) = self.campaigns[cslot as usize].as_mut() {
+            c.open_jobs -= 1;
+        }
+        self.release_campaign_if_idle(cslot);
+    }
+
+    /// Starts revoking partitions: no more dispatches of their jobs.
+    pub fn start_revoke(&mut self, partitions: Vec<i32>, done: oneshot::Sender<()>) {
+        self.revoking = Some((partitions, done));
+        self.check_revoke_done();
+    }
+
+    fn check_revoke_done(&mut self) {
+        let Some((partitions, _)) = &self.revoking else {
+            return;
+        };
+        let busy = self
+            .jobs
+            .iter()
+            .flatten()
+            .any(|j| partitions.contains(&j.partition) && j.in_flight > 0);
+        if busy {
+            return;
+        }
+        let (partitions, done) = self.revoking.take().expect("revoking");
+        self.drop_partitions(&partitions);
+        let _ = done.send(());
+    }
+
+    /// Forgets the jobs of `partitions` (their next owner re-reads them).
+    fn drop_partitions(&mut self, partitions: &[i32]) {
+        let slots: Vec<u32> = self
+            .jobs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, j)| {
+                j.as_ref()
+                    .filter(|j| partitions.contains(&j.partition))
+                    .map(|_| i as u32)
+            })
+            .collect();
+        for slot in &slots {
+            let job = self.jobs[*slot as usize].take().expect("job");
+            self.free_jobs.push(*slot);
+            if let Some(c) = self.campaigns[job.campaign as usize].as_mut() {
+                c.open_jobs -= 1;
+                c.queue.retain(|s| s != slot);
+                c.retries.retain(|Reverse(r)| r.slot != *slot);
+            }
+        }
+        let campaigns: Vec<u32> = (0..self.campaigns.len() as u32).collect();
+        for c in campaigns {
+            self.release_campaign_if_idle(c);
+        }
+    }
+
+    /// Stops dispatching; in-flight sends still complete.
+    pub fn drain(&mut self) {
+        self.draining = true;
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+/// Converts the scheduler's clock into tokio instants.
+#[derive(Clone)]
+pub struct TimeBase {
+    pub clock: Arc<dyn Clock>,
+    origin: tokio::time::Instant,
+    origin_nanos: Nanos,
+}
+
+impl TimeBase {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        let origin_nanos = clock.now();
+        Self {
+            clock,
+            origin: tokio::time::Instant::now(),
+            origin_nanos,
+        }
+    }
+
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    pub fn instant(&self, t: Nanos) -> tokio::time::Instant {
+        self.origin + Duration::from_nanos(t.saturating_sub(self.origin_nanos))
+    }
+}
+
+fn unix_now() -> u64 {
+    crate::stats::unix_second(std::time::SystemTime::now())
+}
+
+/// Drives a [`Scheduler`] until `control` closes (the consumer is gone) and every
+/// in-flight send has finished, or until the drain deadline after shutdown.
+pub async fn run(
+    mut scheduler: Scheduler,
+    time: TimeBase,
+    mut control: mpsc::Receiver<Control>,
+    mut completions: mpsc::UnboundedReceiver<Completion>,
+    mut shutdown: crate::shutdown::Shutdown,
+    drain_timeout: Duration,
+    stats_out: tokio::sync::watch::Sender<SchedulerStats>,
+) {
+    let mut drain_deadline: Option<tokio::time::Instant> = None;
+    let mut control_open = true;
+    loop {
+        let now = time.now();
+        let sec = unix_now();
+        let wake = scheduler.run_round(now, sec);
+        let _ = stats_out.send(scheduler.stats());
+        if let Some(deadline) = drain_deadline {
+            if scheduler.in_flight() == 0 || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+        }
+        let q = scheduler.quantum();
+        let round_end = time.instant(now) + q;
+        let mut wake_at = wake.map_or(round_end, |w| time.instant(w).min(round_end));
+        if let Some(d) = drain_deadline {
+            wake_at = wake_at.min(d);
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.recv(), if drain_deadline.is_none() => {
+                scheduler.drain();
+                drain_deadline = Some(tokio::time::Instant::now() + drain_timeout);
+            }
+            Some(done) = completions.recv() => {
+                scheduler.complete(done, time.now(), unix_now());
+                // Handle every completion already waiting before the next round.
+                while let Ok(done) = completions.try_recv() {
+                    scheduler.complete(done, time.now(), unix_now());
+                }
+            }
+            msg = control.recv(), if control_open => match msg {
+                Some(Control::Job(job)) => scheduler.add_job(job, time.now()),
+                Some(Control::Settings(s)) => scheduler.apply_settings(s, time.now()),
+                Some(Control::Revoke { partitions, done }) => scheduler.start_revoke(partitions, done),
+                None => {
+                    control_open = false;
+                    if drain_deadline.is_none() {
+                        scheduler.drain();
+                        drain_deadline = Some(tokio::time::Instant::now() + drain_timeout);
+                    }
+                }
+            },
+            _ = tokio::time::sleep_until(wake_at) => {}
+        }
+    }
+    let _ = stats_out.send(scheduler.stats());
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<Scheduler>();
+    let _ = NANOS_PER_SEC;
+}

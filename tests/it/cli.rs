@@ -1,0 +1,116 @@
+//! The `pushpace` binary: configuration layering, clear errors, and `migrate`.
+
+use crate::helpers::{pg_server, pushpace_bin, unique_name};
+
+fn run(cmd: &mut std::process::Command) -> (bool, String, String) {
+    let out = cmd.output().expect("run pushpace");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn config_layers_env_over_files_and_flags_over_env() {
+    let (ok, out, err) = run(pushpace_bin().arg("config"));
+    assert!(ok, "{err}");
+    assert!(out.contains("topic: \"pushpace.jobs\""), "{out}");
+    // config/local.toml (the default environment) overrides base.toml.
+    assert!(out.contains("ReadUncommitted"), "{out}");
+
+    let (ok, out, err) = run(pushpace_bin()
+        .arg("config")
+        .env("PUSHPACE_ENV", "production")
+        .env("PUSHPACE__KAFKA__BROKERS", "127.0.0.1:19092")
+        .env("PUSHPACE__WORKER__STATS_FLUSH_MS", "500"));
+    assert!(ok, "{err}");
+    assert!(out.contains("ReadCommitted"), "{out}");
+    assert!(out.contains("brokers: \"127.0.0.1:19092\""), "{out}");
+    assert!(out.contains("stats_flush_ms: 500"), "{out}");
+
+    let (ok, out, err) = run(pushpace_bin()
+        .args([
+            "config",
+            "--set",
+            "worker.stats_flush_ms=250",
+            "--brokers",
+            "embedded",
+        ])
+        .env("PUSHPACE__WORKER__STATS_FLUSH_MS", "500"));
+    assert!(ok, "{err}");
+    assert!(out.contains("stats_flush_ms: 250"), "{out}");
+    assert!(out.contains("brokers: \"embedded\""), "{out}");
+}
+
+#[test]
+fn a_bad_value_fails_with_the_key_and_reason() {
+    let (ok, _, err) = run(pushpace_bin()
+        .arg("config")
+        .env("PUSHPACE__KAFKA__TOPIC", ""));
+    assert!(!ok);
+    assert!(err.contains("kafka.topic: must not be empty"), "{err}");
+
+    let (ok, _, err) = run(pushpace_bin()
+        .arg("config")
+        .env("PUSHPACE__WORKER__MAX_ACTIVE_CAMPAIGNS", "lots"));
+    assert!(!ok);
+    assert!(err.contains("max_active_campaigns"), "{err}");
+
+    let (ok, _, err) = run(pushpace_bin().args(["config", "--set", "limiter.send_rate=-1"]));
+    assert!(!ok);
+    assert!(
+        err.contains("limiter.send_rate: send_rate must be greater than 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn secrets_are_not_printed() {
+    let (ok, out, err) = run(pushpace_bin()
+        .arg("config")
+        .env("PUSHPACE__HTTP__ADMIN_TOKEN", "s3cr3t-token-value")
+        .env(
+            "PUSHPACE__DATABASE__URL",
+            "postgres://app:pa55word@127.0.0.1:5432/x",
+        ));
+    assert!(ok, "{err}");
+    assert!(!out.contains("s3cr3t-token-value") && !err.contains("s3cr3t-token-value"));
+    assert!(!out.contains("pa55word") && !err.contains("pa55word"));
+    assert!(out.contains("app:***@"), "{out}");
+}
+
+#[tokio::test]
+async fn migrate_creates_a_fresh_database_and_is_idempotent() {
+    let url = format!("{}/{}", pg_server(), unique_name("pushpace_migrate"));
+    for _ in 0..2 {
+        let (ok, out, err) = run(pushpace_bin().args(["migrate", "--database-url", &url]));
+        assert!(ok, "{err}");
+        assert!(out.contains("migrations applied:"), "{out}");
+    }
+    let pool = pushpace::store::connect(&url, 1, std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "sql"))
+        })
+        .count();
+    assert_eq!(
+        applied as usize, files,
+        "every migration applied exactly once"
+    );
+}
+
+#[test]
+fn commands_not_built_yet_say_so() {
+    let (ok, _, err) = run(pushpace_bin().arg("produce"));
+    assert!(!ok);
+    assert!(err.contains("not available yet"), "{err}");
+}

@@ -1,0 +1,171 @@
+//! Shared test helpers: a fresh, migrated database per test, the broker address, and
+//! running the `pushpace` binary.
+
+use sqlx::PgPool;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The PostgreSQL server tests use (no database part).
+pub fn pg_server() -> String {
+    std::env::var("PUSHPACE_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// The real Kafka-protocol broker (tansu) that `scripts/services.sh` starts.
+pub fn brokers() -> String {
+    std::env::var("PUSHPACE_TEST_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// A name no other test (or earlier run) uses: prefix, pid, counter, time.
+pub fn unique_name(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}_{}_{}_{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Creates a uniquely named database, applies the migrations, and returns a pool and its URL.
+pub async fn fresh_database() -> (PgPool, String) {
+    let url = format!("{}/{}", pg_server(), unique_name("pushpace_test"));
+    pushpace::store::ensure_database(&url)
+        .await
+        .expect("create test database");
+    let pool = pushpace::store::connect(&url, 5, std::time::Duration::from_secs(10))
+        .await
+        .expect("connect to test database");
+    pushpace::store::migrate(&pool)
+        .await
+        .expect("migrate test database");
+    (pool, url)
+}
+
+/// The `pushpace` binary that cargo built for these tests.
+pub fn pushpace_bin() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pushpace"));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+    // Tests set what they need explicitly; inherited settings would make them flaky.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("PUSHPACE__") || k == "PUSHPACE_ENV" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A tansu broker of a test's own, on a free loopback port, storing in its own
+/// PostgreSQL database, so that a test can restart it without disturbing other tests.
+pub struct TansuBroker {
+    pub port: u16,
+    storage_url: String,
+    child: Option<std::process::Child>,
+    log: std::path::PathBuf,
+}
+
+impl TansuBroker {
+    /// Creates the storage database with tansu's schema and starts the broker.
+    pub async fn start() -> TansuBroker {
+        let storage_url = format!("{}/{}", pg_server(), unique_name("tansu_test"));
+        pushpace::store::ensure_database(&storage_url)
+            .await
+            .expect("create tansu db");
+        let schema = std::env::var("TANSU_PG_SCHEMA").unwrap_or_else(|_| {
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../shared/tansu/postgres-schema-v0.6.0.sql"
+            )
+            .into()
+        });
+        let sql = std::fs::read_to_string(&schema).expect("read tansu schema (TANSU_PG_SCHEMA)");
+        let pool = pushpace::store::connect(&storage_url, 1, std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
+        sqlx::raw_sql(&sql)
+            .execute(&pool)
+            .await
+            .expect("load tansu schema");
+        pool.close().await;
+        let port = free_port();
+        let log =
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tansu-{port}.log"));
+        let mut b = TansuBroker {
+            port,
+            storage_url,
+            child: None,
+            log,
+        };
+        b.spawn().await;
+        b
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let bin = std::env::var("PUSHPACE_TANSU_BIN")
+            .expect("PUSHPACE_TANSU_BIN must point at tansu 0.6.0 (scripts/test.sh sets it)");
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = std::process::Command::new(bin)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", &self.storage_url])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start tansu");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!(
+            "tansu did not listen on {}; see {}",
+            self.port,
+            self.log.display()
+        );
+    }
+
+    /// Stops the broker (SIGKILL: the storage must survive a crash) and starts it again.
+    pub async fn restart(&mut self) {
+        self.stop();
+        self.spawn().await;
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for TansuBroker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind a free port")
+}

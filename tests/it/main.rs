@@ -1,0 +1,9 @@
+//! pushpace's integration tests: one crate, one binary, against the real services.
+
+mod broker;
+mod cli;
+mod helpers;
+mod job;
+mod limiter;
+mod sender;
+mod store;
