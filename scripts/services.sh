@@ -100,7 +100,7 @@ ensure_broker() {
     log "starting tansu on 127.0.0.1:$KAFKA_PORT (log: target/services/tansu.log)"
     nohup "$TANSU_BIN" broker \
       --listener-url "$KAFKA_URL" --advertised-listener-url "$KAFKA_URL" \
-      --storage-engine "$PG_URL/tansu" >>"$RUN_DIR/tansu.log" 2>&1 </dev/null &
+      --storage-engine "$PG_URL/tansu?sslmode=disable" >>"$RUN_DIR/tansu.log" 2>&1 </dev/null &
     echo $! >"$pidf"
     for _ in $(seq 1 60); do broker_answers && break; sleep 0.5; done
     broker_answers || { log "tansu did not start; see target/services/tansu.log"; tail -20 "$RUN_DIR/tansu.log" >&2; exit 1; }

@@ -10,5 +10,8 @@ export PUSHPACE_TEST_PG=${PUSHPACE_TEST_PG:-postgres://postgres@127.0.0.1:5432}
 export PUSHPACE_TANSU_BIN=${PUSHPACE_TANSU_BIN:-${PUSHPACE_TOOLS_DIR:-$HOME/.cache/pushpace}/tansu-0.6.0/bin/tansu}
 
 cargo fmt --all -- --check
-cargo test --all-targets -- --test-threads "${PUSHPACE_TEST_THREADS:-4}"
+# Everything but the pacing tests, in parallel.
+cargo test --all-targets -- --skip paced_ --test-threads "${PUSHPACE_TEST_THREADS:-4}"
+# The pacing tests measure rates at the sink: one at a time, on a machine left quiet.
+cargo test --test it paced_ -- --test-threads 1
 cargo clippy --all-targets -- -D warnings

@@ -17,14 +17,18 @@
 //! - [`config`]: layered settings (config/base.toml, config/<env>.toml, `PUSHPACE__*`, flags).
 //! - [`telemetry`]: tracing subscriber set-up.
 //! - [`simulate`]: the virtual-clock experiment behind `pushpace simulate`.
+//! - [`produce`]: the load generator behind `pushpace produce`.
+//! - [`demo`]: `pushpace demo`, the whole pipeline with an embedded broker and sink.
 //! - [`sink`]: a loopback HTTP sink standing in for the push provider.
 //! - [`worker`]: the daemon: consumer → scheduler → sender → stats, and its shutdown.
 //! - [`shutdown`]: the broadcast shutdown signal and completion wait.
 
 pub mod broker;
 pub mod config;
+pub mod demo;
 pub mod job;
 pub mod limiter;
+pub mod produce;
 pub mod sender;
 pub mod shutdown;
 pub mod simulate;

@@ -67,17 +67,39 @@ enum Command {
     /// Create the database if missing and apply migrations/.
     Migrate,
     /// A self-contained demonstration (embedded broker, loopback provider sink).
-    Demo,
+    Demo(pushpace::demo::DemoArgs),
     /// Reproduce the rate-limiter experiment on a virtual clock.
     Simulate(pushpace::simulate::SimulateArgs),
     /// Write load-test jobs to the jobs topic.
-    Produce,
+    Produce(ProduceArgs),
     /// Inspect and steer campaigns through the HTTP API.
     Campaign,
     /// Per-second delivery statistics.
     Stats,
     /// Print the effective settings (secrets hidden).
     Config,
+}
+
+#[derive(Args, Debug)]
+struct ProduceArgs {
+    /// Number of campaigns.
+    #[arg(long, default_value_t = 4)]
+    campaigns: usize,
+    /// Devices per campaign.
+    #[arg(long, default_value_t = 10_000)]
+    devices_per_campaign: usize,
+    /// send_rate carried by the jobs (used when a campaign is first seen).
+    #[arg(long, default_value_t = 100.0)]
+    send_rate: f64,
+    /// Devices per job (1–10000).
+    #[arg(long, default_value_t = 500)]
+    jobs_size: usize,
+    /// Algorithm carried by the jobs.
+    #[arg(long)]
+    algorithm: Option<pushpace::limiter::Algorithm>,
+    /// Campaign id prefix (campaigns are <prefix>-0, <prefix>-1, …).
+    #[arg(long, default_value = "load")]
+    prefix: String,
 }
 
 fn main() -> std::process::ExitCode {
@@ -115,7 +137,14 @@ async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Simulate(_) => unreachable!("handled before the runtime starts"),
-        Command::Run | Command::Demo | Command::Produce | Command::Campaign | Command::Stats => {
+        Command::Run => run(settings).await,
+        Command::Demo(args) => {
+            let settings = demo_settings(settings);
+            pushpace::demo::run(settings, &args).await?;
+            Ok(())
+        }
+        Command::Produce(args) => produce(&settings, &args).await,
+        Command::Campaign | Command::Stats => {
             anyhow::bail!("this command is not available yet in this build")
         }
     }
@@ -143,4 +172,105 @@ async fn migrate(settings: &Settings) -> anyhow::Result<sqlx::PgPool> {
         .await?;
     println!("migrations applied: {applied} (database {shown})");
     Ok(pool)
+}
+
+/// The demo uses the embedded broker unless a broker was named explicitly.
+fn demo_settings(mut settings: Settings) -> Settings {
+    if std::env::var_os("PUSHPACE__KAFKA__BROKERS").is_none()
+        && !std::env::args().any(|a| a.starts_with("--brokers") || a.starts_with("kafka.brokers"))
+    {
+        settings.kafka.brokers = "embedded".into();
+    }
+    settings
+}
+
+async fn run(settings: Settings) -> anyhow::Result<()> {
+    let pool = migrate(&settings).await?;
+    let sender = pushpace::worker::build_sender(&settings)?;
+    let _embedded;
+    let bootstrap = if settings.kafka.is_embedded() {
+        _embedded = pushpace::broker::EmbeddedBroker::start(&[(
+            settings.kafka.topic.as_str(),
+            settings.kafka.partitions,
+        )])?;
+        _embedded.bootstrap_servers().to_string()
+    } else {
+        settings.kafka.brokers.clone()
+    };
+    tracing::info!(brokers = %bootstrap, topic = %settings.kafka.topic, sender = ?settings.sender.kind, "worker starting");
+    let worker = pushpace::worker::Worker::start(&settings, pool, bootstrap, sender).await?;
+    wait_for_signal().await;
+    tracing::info!("shutting down: draining in-flight sends (a second signal exits at once)");
+    tokio::spawn(async {
+        wait_for_signal().await;
+        eprintln!("second signal: exiting at once");
+        std::process::exit(130);
+    });
+    worker.shutdown().await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn produce(settings: &Settings, args: &ProduceArgs) -> anyhow::Result<()> {
+    let rate = pushpace::limiter::Rate::per_second(args.send_rate).context("--send-rate")?;
+    anyhow::ensure!(
+        (1..=pushpace::job::MAX_DEVICES).contains(&args.jobs_size),
+        "--jobs-size must be 1–{}",
+        pushpace::job::MAX_DEVICES
+    );
+    let mut plan = pushpace::produce::ProducePlan::uniform(
+        &args.prefix,
+        args.campaigns,
+        args.devices_per_campaign,
+        rate,
+        args.jobs_size,
+    );
+    plan.algorithm = args.algorithm;
+    plan.run_id = format!("{}{}", args.prefix, chrono::Utc::now().format("%H%M%S"));
+    anyhow::ensure!(
+        !settings.kafka.is_embedded(),
+        "produce needs a real broker: set --brokers or PUSHPACE__KAFKA__BROKERS"
+    );
+    pushpace::broker::ensure_topic(&settings.kafka.brokers, &settings.kafka.topic, settings.kafka.partitions)
+        .await?;
+    let bar = indicatif::ProgressBar::new(plan.total_devices() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} devices ({per_sec})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let jobs = pushpace::produce::produce(&settings.kafka.brokers, &settings.kafka.topic, &plan, |d| {
+        bar.inc(d as u64)
+    })
+    .await?;
+    bar.finish();
+    println!(
+        "produced {jobs} jobs, {} devices, to {}",
+        plan.total_devices(),
+        settings.kafka.topic
+    );
+    Ok(())
 }

@@ -84,18 +84,6 @@ impl Gcra {
             }
         }
     }
-
-    /// The earliest instant at which `n` permits could pass, without taking any.
-    pub(crate) fn earliest(&self, n: u32, strict: bool) -> Nanos {
-        let t = self.interval.load(Relaxed);
-        let tau = if strict {
-            0
-        } else {
-            t.saturating_mul(self.burst)
-        };
-        let slack = tau.saturating_sub(t.saturating_mul(u64::from(n.max(1)) - 1));
-        ceil_ns(self.tat.load(Relaxed).saturating_sub(slack))
-    }
 }
 
 impl RateLimiter for Gcra {

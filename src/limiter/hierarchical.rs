@@ -5,28 +5,30 @@
 //! cap). Each campaign has its own limiter of any algorithm at its own rate, built with
 //! no burst, and a burst bucket: a token bucket at the campaign's rate holding at most
 //! `burst + 1` permits (in the fixed point of [`Rate::interval_fp`]), which every permit
-//! the campaign sends draws from. The bucket therefore holds exactly the campaign's own
-//! capacity that it left unused, up to its burst. A request is served in two ways:
+//! the campaign sends draws from. So the bucket holds exactly the capacity the campaign
+//! left unused, up to its burst, and the campaign never sends more than `rate × w +
+//! burst` in a window `[t, t + w)`, nor more than its rate in the long run. A request that
+//! the bucket covers is then served in one of two classes:
 //!
-//! 1. Own rate: the campaign's limiter passes and the global cap has room (its usual
-//!    tolerance, the global burst). A campaign within its own rate always passes this
-//!    way while the global cap has room.
-//! 2. Burst: the campaign's limiter refuses, but the bucket holds the permits and the
-//!    global cap is on or behind its smooth schedule (it is checked with zero
-//!    tolerance). So a burst only uses capacity that the other campaigns left unused, and
-//!    own-rate traffic, which may use the global burst tolerance, has priority over it.
+//! 1. Own rate: the campaign's own limiter passes, and the global cap has room (with its
+//!    usual tolerance, the global burst). A campaign that stays within its own rate always
+//!    has the permits in its bucket, so it always passes while the global cap has room.
+//! 2. Burst: the campaign's own limiter refuses, and the global cap is on or behind its
+//!    smooth schedule (it is checked with zero tolerance). So a burst only uses capacity
+//!    the other campaigns left unused, and own-rate traffic, which may use the global
+//!    burst tolerance, has priority over it.
 //!
-//! Every permit of either kind passes the global GCRA, so nothing ever pushes the global
-//! cap over. When the campaign's limiter passes but the global cap refuses, the permit
-//! the campaign's limiter gave out is not drawn from the bucket: it is returned to the
-//! burst bucket, to be sent later as a burst permit when the global cap has room.
+//! Every permit of either class passes the global GCRA, so nothing pushes the global cap
+//! over. When the campaign's own limiter passes but the global cap refuses, the permit the
+//! own limiter gave out is not drawn from the bucket: it is returned to the burst bucket,
+//! to go later as a burst permit when the global cap has room.
 //!
-//! Bounds: a campaign alone under a roomy global cap sends at most `ceil(rate × w) +
-//! burst` in any window `[t, t + w)` (with a `gcra` own limiter) and its long-run rate is
-//! its own rate: the bucket refills at that rate and every permit drains it. `WaitUntil`
-//! is exact while the global cap is not the constraint; when it is, the answer is the
-//! earliest instant the global cap could pass the request, a lower bound (another
-//! campaign may take that slot first, and the caller is then told to wait again).
+//! `WaitUntil` is a lower bound: nothing passes before it, and when the campaign's bucket
+//! or own limiter is the constraint it is exact. When the global cap is (or the class
+//! changes, e.g. the bucket refills at an instant when only a burst-class permit would
+//! pass but the global cap is a few of its intervals ahead), the retry may be told to
+//! wait again. Under a saturated global cap, campaigns get its slots first come, first
+//! served; sharing them fairly is the scheduler's job (it visits campaigns in turn).
 
 use std::sync::{Arc, Mutex};
 
@@ -119,39 +121,31 @@ impl CampaignLimiter {
     }
 
     fn acquire_locked(&self, b: &mut Bucket, n: u32, now: Nanos) -> Decision {
-        let cost = i128::from(b.interval) * i128::from(n);
+        let t = i128::from(b.interval);
+        let cost = t * i128::from(n);
+        // A batch larger than the bucket waits for a full one and leaves it in debt.
+        let need = cost.min(t * i128::from(self.burst + 1));
+        if b.tokens < need {
+            let short = u64::try_from(need - b.tokens).unwrap_or(u64::MAX);
+            return Decision::WaitUntil(b.last.saturating_add(ceil_ns(short)));
+        }
         match self.own.try_acquire_n(n, now) {
             Decision::Allow => match self.global.acquire_with(n, now, false) {
                 Decision::Allow => {
                     b.tokens -= cost;
                     Decision::Allow
                 }
-                // The own permit is not drawn from the bucket: returned to the burst.
+                // The own limiter's permit is spent but not drawn from the bucket: it is
+                // returned to the burst, for when the global cap has room.
                 wait => wait,
             },
-            Decision::WaitUntil(own_at) => {
-                let cap = i128::from(b.interval) * i128::from(self.burst + 1);
-                if cost > cap {
-                    return Decision::WaitUntil(own_at);
+            Decision::WaitUntil(own_at) => match self.global.acquire_with(n, now, true) {
+                Decision::Allow => {
+                    b.tokens -= cost;
+                    Decision::Allow
                 }
-                if b.tokens >= cost {
-                    return match self.global.acquire_with(n, now, true) {
-                        Decision::Allow => {
-                            b.tokens -= cost;
-                            Decision::Allow
-                        }
-                        Decision::WaitUntil(global_at) => {
-                            Decision::WaitUntil(own_at.min(global_at))
-                        }
-                    };
-                }
-                let short = u64::try_from(cost - b.tokens).unwrap_or(u64::MAX);
-                let burst_at = b
-                    .last
-                    .saturating_add(ceil_ns(short))
-                    .max(self.global.earliest(n, true));
-                Decision::WaitUntil(own_at.min(burst_at))
-            }
+                Decision::WaitUntil(global_at) => Decision::WaitUntil(own_at.min(global_at)),
+            },
         }
     }
 }

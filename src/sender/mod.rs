@@ -13,7 +13,7 @@ mod http;
 mod null;
 mod retry;
 
-pub use http::{HttpSender, HttpSenderConfig};
+pub use http::{push_body, HttpSender, HttpSenderConfig};
 pub use null::NullSender;
 pub use retry::{backoff_ceiling, parse_retry_after, retry_delay, MAX_RETRY_AFTER};
 

@@ -97,6 +97,7 @@ struct Inner {
     state: Mutex<State>,
     statements: AtomicU64,
     batches: AtomicU64,
+    failed_writes: AtomicU64,
     pending_rows: AtomicUsize,
 }
 
@@ -162,6 +163,7 @@ impl Flusher {
                 config,
                 statements: AtomicU64::new(0),
                 batches: AtomicU64::new(0),
+                failed_writes: AtomicU64::new(0),
                 pending_rows: AtomicUsize::new(0),
             }),
         }
@@ -213,6 +215,11 @@ impl Flusher {
     /// Transactions committed so far.
     pub fn batches_committed(&self) -> u64 {
         self.inner.batches.load(Ordering::Relaxed)
+    }
+
+    /// Batch writes that failed so far (each is retried).
+    pub fn failed_writes(&self) -> u64 {
+        self.inner.failed_writes.load(Ordering::Relaxed)
     }
 
     /// Rows drained but not yet committed, as of the last drain or write.
@@ -267,7 +274,9 @@ impl Flusher {
                 counts[outcome] = counts[outcome].saturating_add(n);
             });
         {
-            let jobs = lock(&self.inner.recorder.inner.jobs);
+            let mut jobs = lock(&self.inner.recorder.inner.jobs);
+            // Forget jobs whose handle was dropped after their last value became durable.
+            jobs.retain(|cell| !cell.finished());
             for cell in jobs.iter() {
                 if let Some(done) = cell.take_change() {
                     let entry = pending
@@ -364,6 +373,7 @@ impl Flusher {
                     state.backoff = self.inner.config.retry_min;
                 }
                 Err(e) => {
+                    self.inner.failed_writes.fetch_add(1, Ordering::Relaxed);
                     let rows = state.rows();
                     if state.failures == 0 {
                         tracing::warn!(

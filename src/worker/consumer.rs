@@ -291,6 +291,9 @@ pub fn spawn(
     let thread = std::thread::Builder::new()
         .name("kafka-consumer".into())
         .spawn(move || {
+            // Timers built on this thread (timeouts in block_on) need the runtime's context.
+            let _context = runtime.enter();
+            let runtime = runtime.clone();
             let mut loop_state = Loop {
                 consumer,
                 state,

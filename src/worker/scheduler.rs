@@ -13,11 +13,12 @@
 //! allocation per send with the null sender (the send's future is ready at once and
 //! handled inline). The async driver ([`run`]) feeds it jobs, completions and settings.
 //!
-//! Timer wake-ups are only as fine as ~1 ms, so each campaign's limiter gets a catch-up
-//! allowance of one minimum quantum (`rate × quantum_min` permits) on top of its burst;
-//! without it a 2,000/s campaign woken every millisecond would lose half its permits.
-//! The allowance costs at most `rate × quantum_min` (1% at the default 10 ms) in any 1 s
-//! window.
+//! Timer wake-ups are only as fine as ~1 ms, so a turn usually runs a little after the
+//! instant its limiter named. A turn that is late by at most `quantum_min` asks the
+//! limiter as of that instant (and of each following one up to now), so lateness is
+//! not lost from the rate: sends keep the limiter's schedule, shifted by the wake-up
+//! delay. Lateness beyond `quantum_min` (a stalled process) is not made up, so a stall
+//! never turns into a burst larger than `rate × quantum_min`.
 
 use crate::job::Job;
 use crate::limiter::hierarchical::HierarchicalLimiter;
@@ -253,15 +254,8 @@ impl Scheduler {
         }
     }
 
-    /// The catch-up allowance described in the module doc, in permits.
-    fn catch_up(&self, rate: Rate) -> u32 {
-        rate.permits_in(self.config.quantum_min.as_nanos() as Nanos)
-            .ceil() as u32
-    }
-
     fn build_limiter(&self, s: &CampaignSettings) -> DynLimiter {
-        let burst = s.burst.saturating_add(self.catch_up(s.rate));
-        let inner = limiter::build(s.algorithm, s.rate, burst);
+        let inner = limiter::build(s.algorithm, s.rate, s.burst);
         match &self.global {
             Some(g) => Arc::new(g.campaign_with(inner, s.burst)),
             None => inner,
@@ -507,12 +501,28 @@ impl Scheduler {
         if want == 0 {
             return wake;
         }
-        let grant = c.limiter.acquire_up_to(want, now);
-        c.next_at = grant.next_at;
-        if let Some(t) = grant.next_at {
+        // Ask as of the instant the limiter named, if the wake-up was only a little late.
+        let max_late = self.config.quantum_min.as_nanos() as Nanos;
+        let mut asked_at = match c.next_at {
+            Some(t) if t <= now && now - t <= max_late => t,
+            _ => now,
+        };
+        let mut granted = 0u32;
+        loop {
+            let grant = c.limiter.acquire_up_to(want - granted, asked_at);
+            granted += grant.granted;
+            match grant.next_at {
+                Some(t) if t <= now && t > asked_at && granted < want => asked_at = t,
+                next => {
+                    c.next_at = next;
+                    break;
+                }
+            }
+        }
+        if let Some(t) = c.next_at {
             wake = Some(wake.map_or(t, |w| w.min(t)));
         }
-        let mut left = grant.granted;
+        let mut left = granted;
         // Retries first: they are the oldest work.
         while left > 0 {
             let c = self.campaigns[slot as usize].as_mut()?;

@@ -110,7 +110,7 @@ async fn migrate_creates_a_fresh_database_and_is_idempotent() {
 
 #[test]
 fn commands_not_built_yet_say_so() {
-    let (ok, _, err) = run(pushpace_bin().arg("produce"));
+    let (ok, _, err) = run(pushpace_bin().args(["campaign"]));
     assert!(!ok);
     assert!(err.contains("not available yet"), "{err}");
 }

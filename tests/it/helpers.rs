@@ -123,7 +123,8 @@ impl TansuBroker {
                 "--advertised-listener-url",
                 &url,
             ])
-            .args(["--storage-engine", &self.storage_url])
+            // The local server's certificate names localhost, not 127.0.0.1: plain TCP on loopback.
+            .args(["--storage-engine", &format!("{}?sslmode=disable", self.storage_url)])
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -168,4 +169,30 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind a free port")
+}
+
+/// Timing-sensitive tests (pacing, rates) take this lock so that they do not share the
+/// two cores with each other; functional tests run alongside.
+pub async fn pacing_lock() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// Settings for a worker under test: the repo's config with the given overrides.
+pub fn test_settings(overrides: &[(&str, String)]) -> pushpace::config::Settings {
+    pushpace::config::Settings::load(&pushpace::config::LoadOptions {
+        config_dir: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/config").into()),
+        environment: Some("local".into()),
+        overrides: overrides.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+    })
+    .expect("test settings")
+}
+
+/// A topic of the test's own on the shared broker.
+pub async fn fresh_topic(partitions: i32) -> String {
+    let topic = unique_name("jobs");
+    pushpace::broker::ensure_topic(&brokers(), &topic, partitions)
+        .await
+        .expect("create topic");
+    topic
 }

@@ -5,5 +5,6 @@ mod cli;
 mod helpers;
 mod job;
 mod limiter;
+mod pipeline;
 mod sender;
 mod store;

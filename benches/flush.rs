@@ -1,0 +1,248 @@
+//! Stats flush cost for 100 campaigns against the real PostgreSQL.
+//!
+//! Each flush writes one new second for each of 100 campaigns plus the progress of 100
+//! jobs (200 rows). `batched` is the [`Flusher`]: one transaction, two UNNEST upserts.
+//! `naive` is the baseline in the same run: the same rows, one single-row upsert each,
+//! in one transaction. After criterion's report the bench prints the rows per second of
+//! both, their ratio, and statements per flush.
+//!
+//! It also measures the hot path, `CampaignCounter::record`.
+//!
+//! Database: `PUSHPACE_BENCH_DATABASE_URL`, by default
+//! `postgres://postgres@127.0.0.1:5432/pushpace_bench_flush` (created and migrated; its
+//! stats tables are emptied at start).
+//!
+//! Run: `cargo bench --bench flush`
+
+use criterion::{black_box, Criterion, Throughput};
+use pushpace::stats::{Flusher, FlusherConfig, JobKey, JobProgressHandle, Outcome, StatsRecorder};
+use pushpace::stats::CampaignCounter;
+use sqlx::PgPool;
+use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+
+const CAMPAIGNS: usize = 100;
+const ROWS_PER_FLUSH: usize = 2 * CAMPAIGNS;
+const BASE: u64 = 1_800_000_000;
+
+struct Setup {
+    rt: Runtime,
+    pool: PgPool,
+}
+
+fn setup() -> Setup {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let url = std::env::var("PUSHPACE_BENCH_DATABASE_URL").unwrap_or_else(|_| {
+        "postgres://postgres@127.0.0.1:5432/pushpace_bench_flush".to_string()
+    });
+    let pool = rt.block_on(async {
+        pushpace::store::ensure_database(&url).await.expect("create bench database");
+        let pool = pushpace::store::connect(&url, 2, Duration::from_secs(10))
+            .await
+            .expect("connect to bench database");
+        pushpace::store::migrate(&pool).await.expect("migrate");
+        sqlx::query("TRUNCATE delivery_seconds, job_progress, stats_flushes")
+            .execute(&pool)
+            .await
+            .expect("empty stats tables");
+        pool
+    });
+    Setup { rt, pool }
+}
+
+/// 100 campaigns and their jobs, plus the next second to write.
+struct Load {
+    counters: Vec<CampaignCounter>,
+    jobs: Vec<JobProgressHandle>,
+    next_second: u64,
+    done: u32,
+}
+
+impl Load {
+    fn new(recorder: &StatsRecorder, prefix: &str) -> Self {
+        let counters = (0..CAMPAIGNS)
+            .map(|i| recorder.campaign(&format!("{prefix}-campaign-{i}")))
+            .collect();
+        let jobs = (0..CAMPAIGNS)
+            .map(|i| {
+                recorder.track_job(JobKey {
+                    job_id: format!("{prefix}-job-{i}"),
+                    campaign_id: format!("{prefix}-campaign-{i}"),
+                    partition: (i % 8) as i32,
+                    offset: i as i64,
+                    devices_total: u32::MAX,
+                })
+            })
+            .collect();
+        Self {
+            counters,
+            jobs,
+            next_second: BASE,
+            done: 0,
+        }
+    }
+
+    /// One second of sends for every campaign, and progress for every job.
+    fn record_second(&mut self) {
+        let second = self.next_second;
+        self.next_second += 1;
+        self.done += 1000;
+        for c in &self.counters {
+            c.record(second, Outcome::Sent, 990);
+            c.record(second, Outcome::Failed, 3);
+            c.record(second, Outcome::Retried, 7);
+        }
+        for j in &self.jobs {
+            j.set_done(self.done);
+        }
+    }
+}
+
+/// The baseline: the same 200 rows, one single-row statement each.
+async fn naive_flush(pool: &PgPool, prefix: &str, second: u64, done: i32) {
+    let at = chrono::DateTime::from_timestamp(second as i64, 0).expect("second in range");
+    let mut tx = pool.begin().await.expect("begin");
+    for i in 0..CAMPAIGNS {
+        sqlx::query(
+            "INSERT INTO delivery_seconds AS d (campaign_id, second, sent, failed, retried) \
+             VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (campaign_id, second) DO UPDATE SET sent = d.sent + EXCLUDED.sent, \
+                 failed = d.failed + EXCLUDED.failed, retried = d.retried + EXCLUDED.retried",
+        )
+        .bind(format!("{prefix}-campaign-{i}"))
+        .bind(at)
+        .bind(990i64)
+        .bind(3i64)
+        .bind(7i64)
+        .execute(&mut *tx)
+        .await
+        .expect("naive seconds upsert");
+    }
+    for i in 0..CAMPAIGNS {
+        sqlx::query(
+            "INSERT INTO job_progress AS p \
+                 (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (job_id) DO UPDATE SET \
+                 devices_done = GREATEST(p.devices_done, EXCLUDED.devices_done), updated_at = now()",
+        )
+        .bind(format!("{prefix}-job-{i}"))
+        .bind(format!("{prefix}-campaign-{i}"))
+        .bind((i % 8) as i32)
+        .bind(i as i64)
+        .bind(i32::MAX)
+        .bind(done)
+        .execute(&mut *tx)
+        .await
+        .expect("naive progress upsert");
+    }
+    tx.commit().await.expect("commit");
+}
+
+fn flush_benches(c: &mut Criterion, s: &Setup) {
+    let mut group = c.benchmark_group("stats_flush_100_campaigns");
+    group.throughput(Throughput::Elements(ROWS_PER_FLUSH as u64));
+    group.sample_size(30);
+    group.measurement_time(Duration::from_secs(10));
+
+    let recorder = StatsRecorder::new();
+    let flusher = Flusher::new(recorder.clone(), s.pool.clone(), FlusherConfig::default());
+    let mut load = Load::new(&recorder, "crit-batched");
+    group.bench_function("batched", |b| {
+        b.iter(|| {
+            load.record_second();
+            s.rt.block_on(flusher.flush_now()).expect("flush");
+        })
+    });
+
+    let mut second = BASE;
+    let mut done = 0;
+    group.bench_function("naive", |b| {
+        b.iter(|| {
+            second += 1;
+            done += 1000;
+            s.rt.block_on(naive_flush(&s.pool, "crit-naive", second, done));
+        })
+    });
+    group.finish();
+}
+
+fn record_bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("stats_record");
+    group.throughput(Throughput::Elements(1));
+    let recorder = StatsRecorder::new();
+    let counter = recorder.campaign("hot");
+    let mut i = 0u64;
+    group.bench_function("record", |b| {
+        b.iter(|| {
+            i += 1;
+            counter.record(black_box(BASE + (i >> 20)), Outcome::Sent, 1);
+        })
+    });
+    group.finish();
+}
+
+/// The figures for docs/BENCHMARKS.md, measured in the same run: rows per second of
+/// each way, their ratio, and statements per flush.
+fn summary(s: &Setup) {
+    const FLUSHES: u32 = 200;
+    let recorder = StatsRecorder::new();
+    let flusher = Flusher::new(recorder.clone(), s.pool.clone(), FlusherConfig::default());
+    let mut load = Load::new(&recorder, "sum-batched");
+    // Warm up both paths (connections, plans, first inserts).
+    for _ in 0..20 {
+        load.record_second();
+        s.rt.block_on(flusher.flush_now()).expect("flush");
+    }
+    let statements_before = flusher.statements();
+    let batches_before = flusher.batches_committed();
+    let started = Instant::now();
+    for _ in 0..FLUSHES {
+        load.record_second();
+        s.rt.block_on(flusher.flush_now()).expect("flush");
+    }
+    let batched = started.elapsed();
+    let statements = flusher.statements() - statements_before;
+    let batches = flusher.batches_committed() - batches_before;
+
+    for n in 0..20 {
+        s.rt.block_on(naive_flush(&s.pool, "sum-naive", BASE + n, 1000 * (n as i32 + 1)));
+    }
+    let started = Instant::now();
+    for n in 0..FLUSHES {
+        let second = BASE + 20 + u64::from(n);
+        s.rt.block_on(naive_flush(&s.pool, "sum-naive", second, 1000 * (n as i32 + 21)));
+    }
+    let naive = started.elapsed();
+
+    let rows = f64::from(FLUSHES) * ROWS_PER_FLUSH as f64;
+    let batched_rate = rows / batched.as_secs_f64();
+    let naive_rate = rows / naive.as_secs_f64();
+    println!();
+    println!("flush summary: {CAMPAIGNS} campaigns, {ROWS_PER_FLUSH} rows per flush, {FLUSHES} flushes each");
+    println!(
+        "  batched: {:.2} ms/flush, {:.0} rows/s, {:.1} data statements/flush ({batches} transactions)",
+        batched.as_secs_f64() * 1000.0 / f64::from(FLUSHES),
+        batched_rate,
+        statements as f64 / f64::from(FLUSHES),
+    );
+    println!(
+        "  naive:   {:.2} ms/flush, {:.0} rows/s, {ROWS_PER_FLUSH} data statements/flush",
+        naive.as_secs_f64() * 1000.0 / f64::from(FLUSHES),
+        naive_rate,
+    );
+    println!("  batched / naive throughput: {:.1}x", batched_rate / naive_rate);
+}
+
+fn main() {
+    let setup = setup();
+    let mut c = Criterion::default().configure_from_args();
+    record_bench(&mut c);
+    flush_benches(&mut c, &setup);
+    summary(&setup);
+    c.final_summary();
+}

@@ -1,0 +1,222 @@
+//! `pushpace demo`: the whole pipeline on one machine, with nothing to install.
+//!
+//! It starts the embedded Kafka broker (unless `kafka.brokers` names a real one), an
+//! in-process loopback HTTP sink standing in for the push provider, creates four
+//! campaigns at different rates and algorithms, produces their jobs, runs the worker,
+//! prints what the sink sees every second, and ends with a summary: target versus
+//! achieved rate, the largest 1 s window, lost and duplicates, as counted by the sink.
+
+use crate::broker::EmbeddedBroker;
+use crate::config::Settings;
+use crate::limiter::{Algorithm, Rate};
+use crate::produce::{PlannedCampaign, ProducePlan};
+use crate::sender::{AnySender, HttpSender, HttpSenderConfig};
+use crate::sink::{Sink, SinkConfig};
+use crate::store::campaigns::{self, CampaignPatch};
+use crate::worker::{campaign_defaults, Worker, WorkerError};
+use secrecy::ExposeSecret;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// Errors of the demo.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error(transparent)]
+    Broker(#[from] crate::broker::BrokerError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Sink(#[from] crate::sink::SinkError),
+    #[error(transparent)]
+    Sender(#[from] crate::sender::SenderError),
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+}
+
+/// The demo's knobs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Roughly how long each campaign runs, in seconds (devices = rate × duration).
+    #[arg(long, default_value_t = 20)]
+    pub duration: u64,
+    /// How many campaigns (rates cycle through 20, 100, 500, 2000/s).
+    #[arg(long, default_value_t = 4)]
+    pub campaigns: usize,
+}
+
+const RATES: [f64; 4] = [20.0, 100.0, 500.0, 2000.0];
+const ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::Gcra,
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket,
+    Algorithm::SlidingWindow,
+];
+
+/// The outcome, per campaign, as the sink counted it.
+#[derive(Debug, Clone)]
+pub struct DemoRow {
+    pub campaign: String,
+    pub algorithm: Algorithm,
+    pub target: f64,
+    pub devices: u64,
+    pub delivered_distinct: u64,
+    pub duplicates: u64,
+    pub mean_rate: f64,
+    pub max_1s: u64,
+    pub duration_s: f64,
+}
+
+/// Runs the demo, printing progress to stdout. Returns the summary rows.
+pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
+    let embedded;
+    let bootstrap = if settings.kafka.is_embedded() {
+        println!("starting the embedded Kafka broker (librdkafka mock cluster)…");
+        embedded = EmbeddedBroker::start(&[(settings.kafka.topic.as_str(), settings.kafka.partitions)])?;
+        embedded.bootstrap_servers().to_string()
+    } else {
+        crate::broker::ensure_topic(&settings.kafka.brokers, &settings.kafka.topic, settings.kafka.partitions)
+            .await?;
+        settings.kafka.brokers.clone()
+    };
+
+    let url = settings.database.url.expose_secret();
+    crate::store::ensure_database(url).await?;
+    let pool = crate::store::connect(url, settings.database.max_connections, settings.database.connect_timeout()).await?;
+    crate::store::migrate(&pool).await?;
+
+    let sink = Sink::start(SinkConfig::default()).await?;
+    println!("provider sink listening on {}", sink.url());
+    let mut sender_config = HttpSenderConfig::new(sink.url());
+    sender_config.timeout = Duration::from_millis(settings.sender.timeout_ms);
+    let sender = AnySender::Http(HttpSender::new(&sender_config)?);
+
+    let run_id = format!("demo{}", chrono::Utc::now().format("%H%M%S"));
+    let defaults = campaign_defaults(&settings);
+    let mut plan = ProducePlan {
+        campaigns: Vec::new(),
+        job_size: 500,
+        algorithm: None,
+        run_id: run_id.clone(),
+    };
+    let mut algorithms = Vec::new();
+    for i in 0..args.campaigns.max(1) {
+        let rate = RATES[i % RATES.len()];
+        let algorithm = ALGORITHMS[i % ALGORITHMS.len()];
+        let id = format!("{run_id}-c{i}-{}", rate as u64);
+        campaigns::put(
+            &pool,
+            &id,
+            &CampaignPatch {
+                send_rate: Some(rate),
+                algorithm: Some(algorithm),
+                burst: Some(0),
+            },
+            &defaults,
+        )
+        .await?;
+        plan.campaigns.push(PlannedCampaign {
+            id,
+            send_rate: Rate::per_second(rate).unwrap_or(defaults.send_rate),
+            devices: (rate * args.duration.max(1) as f64) as usize,
+        });
+        algorithms.push(algorithm);
+    }
+    println!(
+        "producing {} jobs ({} devices) for {} campaigns…",
+        plan.total_jobs(),
+        plan.total_devices(),
+        plan.campaigns.len()
+    );
+    crate::produce::produce(&bootstrap, &settings.kafka.topic, &plan, |_| {}).await?;
+
+    let mut settings = settings;
+    settings.kafka.group_id = format!("pushpace-{run_id}");
+    let worker = Worker::start(&settings, pool.clone(), bootstrap.clone(), sender).await?;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.duration * 3 + 30);
+    let total = plan.total_devices() as u64;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let mut out = format!("t={:>3}s", started.elapsed().as_secs());
+        let mut all_done = 0u64;
+        for c in &plan.campaigns {
+            let summary = sink.campaign(&c.id);
+            let done = summary.as_ref().map_or(0, |s| s.distinct_delivered);
+            all_done += done;
+            let last = sink.recent_requests(&c.id, Duration::from_secs(1));
+            let bar = progress_bar(done, c.devices as u64, 12);
+            let _ = write!(
+                out,
+                "\n  {:<24} target {:>6}/s  last 1s {:>6}  {:>7}/{:<7} {bar}",
+                c.id,
+                c.send_rate.as_f64(),
+                last,
+                done,
+                c.devices
+            );
+        }
+        println!("{out}");
+        if all_done >= total || Instant::now() >= deadline {
+            break;
+        }
+    }
+    worker.shutdown().await?;
+
+    let rows: Vec<DemoRow> = plan
+        .campaigns
+        .iter()
+        .zip(algorithms)
+        .map(|(c, algorithm)| {
+            let s = sink.campaign(&c.id);
+            DemoRow {
+                campaign: c.id.clone(),
+                algorithm,
+                target: c.send_rate.as_f64(),
+                devices: c.devices as u64,
+                delivered_distinct: s.as_ref().map_or(0, |s| s.distinct_delivered),
+                duplicates: s.as_ref().map_or(0, |s| s.duplicates),
+                mean_rate: s.as_ref().map_or(0.0, |s| s.mean_rate),
+                max_1s: sink.max_in_window(&c.id, Duration::from_secs(1)),
+                duration_s: s.as_ref().map_or(0.0, |s| (s.last_ms - s.first_ms) / 1000.0),
+            }
+        })
+        .collect();
+    println!("\n{}", summary_table(&rows));
+    Ok(rows)
+}
+
+fn progress_bar(done: u64, total: u64, width: usize) -> String {
+    let filled = if total == 0 {
+        width
+    } else {
+        ((done as f64 / total as f64) * width as f64).round() as usize
+    };
+    format!("[{}{}]", "█".repeat(filled.min(width)), "·".repeat(width - filled.min(width)))
+}
+
+/// The final table.
+pub fn summary_table(rows: &[DemoRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:<14} {:>8} {:>10} {:>8} {:>9} {:>6} {:>10}",
+        "campaign", "algorithm", "target/s", "achieved/s", "max 1s", "duration", "lost", "duplicates"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<14} {:>8} {:>10.1} {:>8} {:>8.1}s {:>6} {:>10}",
+            r.campaign,
+            r.algorithm.as_str(),
+            r.target,
+            r.mean_rate,
+            r.max_1s,
+            r.duration_s,
+            r.devices.saturating_sub(r.delivered_distinct),
+            r.duplicates
+        );
+    }
+    out
+}

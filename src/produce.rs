@@ -1,0 +1,136 @@
+//! `pushpace produce`: a load generator that writes jobs to the jobs topic.
+//!
+//! Jobs of all campaigns are interleaved (round-robin), keyed by campaign id, so that a
+//! worker sees every campaign at once, as in production.
+
+use crate::broker::{self, BrokerError};
+use crate::job::Job;
+use crate::limiter::{Algorithm, Rate};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::value::RawValue;
+use std::time::Duration;
+
+/// What to produce.
+#[derive(Debug, Clone)]
+pub struct ProducePlan {
+    /// Campaign ids, each with its send_rate and device count.
+    pub campaigns: Vec<PlannedCampaign>,
+    /// Devices per job.
+    pub job_size: usize,
+    pub algorithm: Option<Algorithm>,
+    /// A prefix making job ids and device tokens unique to this run.
+    pub run_id: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct PlannedCampaign {
+    pub id: String,
+    pub send_rate: Rate,
+    pub devices: usize,
+}
+
+impl ProducePlan {
+    /// `campaigns` campaigns named `<prefix>-<i>`, each with `devices` devices at `rate`.
+    pub fn uniform(prefix: &str, campaigns: usize, devices: usize, rate: Rate, job_size: usize) -> Self {
+        ProducePlan {
+            campaigns: (0..campaigns)
+                .map(|i| PlannedCampaign {
+                    id: format!("{prefix}-{i}"),
+                    send_rate: rate,
+                    devices,
+                })
+                .collect(),
+            job_size: job_size.clamp(1, crate::job::MAX_DEVICES),
+            algorithm: None,
+            run_id: prefix.to_string(),
+        }
+    }
+
+    pub fn total_devices(&self) -> usize {
+        self.campaigns.iter().map(|c| c.devices).sum()
+    }
+
+    pub fn total_jobs(&self) -> usize {
+        self.campaigns
+            .iter()
+            .map(|c| c.devices.div_ceil(self.job_size))
+            .sum()
+    }
+
+    /// The jobs, interleaved across campaigns.
+    pub fn jobs(&self) -> impl Iterator<Item = Job> + '_ {
+        let payload: Box<RawValue> =
+            RawValue::from_string(r#"{"title":"pushpace","body":"paced hello"}"#.to_string())
+                .expect("static JSON");
+        let max_jobs = self
+            .campaigns
+            .iter()
+            .map(|c| c.devices.div_ceil(self.job_size))
+            .max()
+            .unwrap_or(0);
+        (0..max_jobs).flat_map(move |j| {
+            let payload = payload.clone();
+            self.campaigns.iter().filter_map(move |c| {
+                let start = j * self.job_size;
+                if start >= c.devices {
+                    return None;
+                }
+                let end = (start + self.job_size).min(c.devices);
+                let devices = (start..end)
+                    .map(|d| format!("{}-{}-dev-{d:07}", self.run_id, c.id))
+                    .collect();
+                let job = Job::new(format!("{}-{}-job-{j:05}", self.run_id, c.id), c.id.clone(), devices, payload.clone())
+                    .expect("generated jobs follow the rules")
+                    .with_send_rate(c.send_rate);
+                Some(match self.algorithm {
+                    Some(a) => job.with_algorithm(a),
+                    None => job,
+                })
+            })
+        })
+    }
+}
+
+/// Writes every job of `plan` to `topic`; calls `progress(devices)` after each job.
+pub async fn produce(
+    bootstrap: &str,
+    topic: &str,
+    plan: &ProducePlan,
+    mut progress: impl FnMut(usize),
+) -> Result<usize, BrokerError> {
+    let producer: FutureProducer = broker::producer_config(bootstrap).create()?;
+    let mut pending = futures::stream::FuturesUnordered::new();
+    let mut sent = 0usize;
+    use futures::StreamExt;
+    for job in plan.jobs() {
+        let value = job.to_json();
+        let key = job.campaign_id.clone();
+        let devices = job.devices.len();
+        let producer = producer.clone();
+        let topic = topic.to_string();
+        pending.push(async move {
+            producer
+                .send(
+                    FutureRecord::to(&topic).key(&key).payload(&value),
+                    Duration::from_secs(60),
+                )
+                .await
+                .map(|_| devices)
+                .map_err(|(e, _)| BrokerError::Kafka(e))
+        });
+        // Bound the messages in flight, so memory stays flat for large plans.
+        while pending.len() >= 256 {
+            if let Some(r) = pending.next().await {
+                let d = r?;
+                sent += 1;
+                progress(d);
+            }
+        }
+    }
+    while let Some(r) = pending.next().await {
+        let d = r?;
+        sent += 1;
+        progress(d);
+    }
+    Ok(sent)
+}
