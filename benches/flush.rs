@@ -15,8 +15,8 @@
 //! Run: `cargo bench --bench flush`
 
 use criterion::{black_box, Criterion, Throughput};
-use pushpace::stats::{Flusher, FlusherConfig, JobKey, JobProgressHandle, Outcome, StatsRecorder};
 use pushpace::stats::CampaignCounter;
+use pushpace::stats::{Flusher, FlusherConfig, JobKey, JobProgressHandle, Outcome, StatsRecorder};
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
@@ -36,11 +36,12 @@ fn setup() -> Setup {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let url = std::env::var("PUSHPACE_BENCH_DATABASE_URL").unwrap_or_else(|_| {
-        "postgres://postgres@127.0.0.1:5432/pushpace_bench_flush".to_string()
-    });
+    let url = std::env::var("PUSHPACE_BENCH_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/pushpace_bench_flush".to_string());
     let pool = rt.block_on(async {
-        pushpace::store::ensure_database(&url).await.expect("create bench database");
+        pushpace::store::ensure_database(&url)
+            .await
+            .expect("create bench database");
         let pool = pushpace::store::connect(&url, 2, Duration::from_secs(10))
             .await
             .expect("connect to bench database");
@@ -210,12 +211,22 @@ fn summary(s: &Setup) {
     let batches = flusher.batches_committed() - batches_before;
 
     for n in 0..20 {
-        s.rt.block_on(naive_flush(&s.pool, "sum-naive", BASE + n, 1000 * (n as i32 + 1)));
+        s.rt.block_on(naive_flush(
+            &s.pool,
+            "sum-naive",
+            BASE + n,
+            1000 * (n as i32 + 1),
+        ));
     }
     let started = Instant::now();
     for n in 0..FLUSHES {
         let second = BASE + 20 + u64::from(n);
-        s.rt.block_on(naive_flush(&s.pool, "sum-naive", second, 1000 * (n as i32 + 21)));
+        s.rt.block_on(naive_flush(
+            &s.pool,
+            "sum-naive",
+            second,
+            1000 * (n as i32 + 21),
+        ));
     }
     let naive = started.elapsed();
 
@@ -235,7 +246,10 @@ fn summary(s: &Setup) {
         naive.as_secs_f64() * 1000.0 / f64::from(FLUSHES),
         naive_rate,
     );
-    println!("  batched / naive throughput: {:.1}x", batched_rate / naive_rate);
+    println!(
+        "  batched / naive throughput: {:.1}x",
+        batched_rate / naive_rate
+    );
 }
 
 fn main() {

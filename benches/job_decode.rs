@@ -59,10 +59,16 @@ fn assert_null_send_allocates_nothing() {
     let before = allocations();
     for i in 0..100_000 {
         let outcome = sender.send(&job, i % 8).into_ready();
-        assert!(matches!(outcome, Ok(pushpace::sender::SendOutcome::Delivered)));
+        assert!(matches!(
+            outcome,
+            Ok(pushpace::sender::SendOutcome::Delivered)
+        ));
     }
     let made = allocations() - before;
-    assert_eq!(made, 0, "the null sender allocated {made} times in 100000 sends");
+    assert_eq!(
+        made, 0,
+        "the null sender allocated {made} times in 100000 sends"
+    );
     println!("null sender: 0 allocations in 100000 sends");
 }
 
@@ -74,12 +80,22 @@ fn bench_decode(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("pushpace", devices), &bytes, |b, bytes| {
             b.iter(|| decode(black_box(bytes), Some(b"spring-sale")).unwrap())
         });
-        group.bench_with_input(BenchmarkId::new("baseline_value", devices), &bytes, |b, bytes| {
-            b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(bytes)).unwrap())
-        });
-        group.bench_with_input(BenchmarkId::new("baseline_ignored", devices), &bytes, |b, bytes| {
-            b.iter(|| serde_json::from_slice::<serde::de::IgnoredAny>(black_box(bytes)).unwrap())
-        });
+        group.bench_with_input(
+            BenchmarkId::new("baseline_value", devices),
+            &bytes,
+            |b, bytes| {
+                b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(bytes)).unwrap())
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("baseline_ignored", devices),
+            &bytes,
+            |b, bytes| {
+                b.iter(|| {
+                    serde_json::from_slice::<serde::de::IgnoredAny>(black_box(bytes)).unwrap()
+                })
+            },
+        );
     }
     group.finish();
 }

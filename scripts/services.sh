@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure the services pushpace's tests and local runs need are up, on loopback only:
-# PostgreSQL, the tansu Kafka-protocol broker (PostgreSQL storage engine) and the jobs topic.
+# PostgreSQL, the tansu Kafka-protocol broker (PostgreSQL storage engine) and the jobs topic;
+# and Debian's chromium for the dashboard's browser test.
 # Idempotent. `scripts/services.sh stop` stops what this script started (by pid file).
 #
 # Environment:
@@ -75,6 +76,15 @@ ensure_tansu_installed() {
   rm -rf "$TOOLS/tansu-build"
 }
 
+# The dashboard's browser test drives Debian's headless Chromium.
+ensure_chromium() {
+  if [ -x /usr/bin/chromium ]; then return; fi
+  log "installing Debian's chromium with apt (for the dashboard's browser test)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq chromium >/dev/null || {
+    log "could not install chromium: the browser test will fail"; exit 1; }
+}
+
 broker_answers() { (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null; }
 
 create_topic() {
@@ -128,6 +138,7 @@ case "${1:-start}" in
     ensure_tansu_db
     ensure_tansu_installed
     ensure_broker
+    ensure_chromium
     echo "PUSHPACE_TANSU_BIN=$TANSU_BIN"
     ;;
   postgres) ensure_postgres ;;

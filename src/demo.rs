@@ -71,17 +71,27 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     let embedded;
     let bootstrap = if settings.kafka.is_embedded() {
         println!("starting the embedded Kafka broker (librdkafka mock cluster)…");
-        embedded = EmbeddedBroker::start(&[(settings.kafka.topic.as_str(), settings.kafka.partitions)])?;
+        embedded =
+            EmbeddedBroker::start(&[(settings.kafka.topic.as_str(), settings.kafka.partitions)])?;
         embedded.bootstrap_servers().to_string()
     } else {
-        crate::broker::ensure_topic(&settings.kafka.brokers, &settings.kafka.topic, settings.kafka.partitions)
-            .await?;
+        crate::broker::ensure_topic(
+            &settings.kafka.brokers,
+            &settings.kafka.topic,
+            settings.kafka.partitions,
+        )
+        .await?;
         settings.kafka.brokers.clone()
     };
 
     let url = settings.database.url.expose_secret();
     crate::store::ensure_database(url).await?;
-    let pool = crate::store::connect(url, settings.database.max_connections, settings.database.connect_timeout()).await?;
+    let pool = crate::store::connect(
+        url,
+        settings.database.max_connections,
+        settings.database.connect_timeout(),
+    )
+    .await?;
     crate::store::migrate(&pool).await?;
 
     let sink = Sink::start(SinkConfig::default()).await?;
@@ -179,7 +189,9 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
                 duplicates: s.as_ref().map_or(0, |s| s.duplicates),
                 mean_rate: s.as_ref().map_or(0.0, |s| s.mean_rate),
                 max_1s: sink.max_in_window(&c.id, Duration::from_secs(1)),
-                duration_s: s.as_ref().map_or(0.0, |s| (s.last_ms - s.first_ms) / 1000.0),
+                duration_s: s
+                    .as_ref()
+                    .map_or(0.0, |s| (s.last_ms - s.first_ms) / 1000.0),
             }
         })
         .collect();
@@ -193,7 +205,11 @@ fn progress_bar(done: u64, total: u64, width: usize) -> String {
     } else {
         ((done as f64 / total as f64) * width as f64).round() as usize
     };
-    format!("[{}{}]", "█".repeat(filled.min(width)), "·".repeat(width - filled.min(width)))
+    format!(
+        "[{}{}]",
+        "█".repeat(filled.min(width)),
+        "·".repeat(width - filled.min(width))
+    )
 }
 
 /// The final table.
@@ -202,7 +218,14 @@ pub fn summary_table(rows: &[DemoRow]) -> String {
     let _ = writeln!(
         out,
         "{:<24} {:<14} {:>8} {:>10} {:>8} {:>9} {:>6} {:>10}",
-        "campaign", "algorithm", "target/s", "achieved/s", "max 1s", "duration", "lost", "duplicates"
+        "campaign",
+        "algorithm",
+        "target/s",
+        "achieved/s",
+        "max 1s",
+        "duration",
+        "lost",
+        "duplicates"
     );
     for r in rows {
         let _ = writeln!(

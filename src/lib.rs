@@ -22,17 +22,25 @@
 //! - [`sink`]: a loopback HTTP sink standing in for the push provider.
 //! - [`worker`]: the daemon: consumer → scheduler → sender → stats, and its shutdown.
 //! - [`shutdown`]: the broadcast shutdown signal and completion wait.
+//! - [`api`]: the operator HTTP API and the live dashboard (axum).
+//! - [`metrics`]: the Prometheus recorder, the snapshot sampler and `sends_total`.
+//! - [`startup`]: builds and runs the HTTP application on `http.bind`.
+//! - [`cli_client`]: the `campaign` and `stats` commands, clients of the API.
 
+pub mod api;
 pub mod broker;
+pub mod cli_client;
 pub mod config;
 pub mod demo;
 pub mod job;
 pub mod limiter;
+pub mod metrics;
 pub mod produce;
 pub mod sender;
 pub mod shutdown;
 pub mod simulate;
 pub mod sink;
+pub mod startup;
 pub mod stats;
 pub mod store;
 pub mod telemetry;

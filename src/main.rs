@@ -73,9 +73,9 @@ enum Command {
     /// Write load-test jobs to the jobs topic.
     Produce(ProduceArgs),
     /// Inspect and steer campaigns through the HTTP API.
-    Campaign,
-    /// Per-second delivery statistics.
-    Stats,
+    Campaign(pushpace::cli_client::CampaignArgs),
+    /// Per-second delivery statistics (through the API), and `stats prune` for retention.
+    Stats(pushpace::cli_client::StatsArgs),
     /// Print the effective settings (secrets hidden).
     Config,
 }
@@ -144,8 +144,19 @@ async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Produce(args) => produce(&settings, &args).await,
-        Command::Campaign | Command::Stats => {
-            anyhow::bail!("this command is not available yet in this build")
+        Command::Campaign(args) => {
+            print!(
+                "{}",
+                pushpace::cli_client::run_campaign(&args, &settings).await?
+            );
+            Ok(())
+        }
+        Command::Stats(args) => {
+            print!(
+                "{}",
+                pushpace::cli_client::run_stats(&args, &settings).await?
+            );
+            Ok(())
         }
     }
 }
@@ -185,6 +196,10 @@ fn demo_settings(mut settings: Settings) -> Settings {
 }
 
 async fn run(settings: Settings) -> anyhow::Result<()> {
+    // Before the worker: it takes its metric handles when it is built.
+    if let Err(e) = pushpace::metrics::install() {
+        tracing::warn!(error = %e, "metrics recorder not installed");
+    }
     let pool = migrate(&settings).await?;
     let sender = pushpace::worker::build_sender(&settings)?;
     let _embedded;
@@ -198,7 +213,25 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.kafka.brokers.clone()
     };
     tracing::info!(brokers = %bootstrap, topic = %settings.kafka.topic, sender = ?settings.sender.kind, "worker starting");
-    let worker = pushpace::worker::Worker::start(&settings, pool, bootstrap, sender).await?;
+    let worker =
+        pushpace::worker::Worker::start(&settings, pool.clone(), bootstrap.clone(), sender).await?;
+    let app = pushpace::startup::Application::build(
+        &settings,
+        pushpace::startup::AppDeps {
+            pool,
+            worker: Some(pushpace::api::WorkerView::of(&worker)),
+            bootstrap: Some(bootstrap),
+        },
+    )
+    .await;
+    let app = match app {
+        Ok(app) => app.spawn(),
+        Err(e) => {
+            // Nothing was sent yet, but stop cleanly all the same.
+            worker.shutdown().await?;
+            return Err(e.into());
+        }
+    };
     wait_for_signal().await;
     tracing::info!("shutting down: draining in-flight sends (a second signal exits at once)");
     tokio::spawn(async {
@@ -206,7 +239,9 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         eprintln!("second signal: exiting at once");
         std::process::exit(130);
     });
+    let stopped = app.stop().await;
     worker.shutdown().await?;
+    stopped?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -253,8 +288,12 @@ async fn produce(settings: &Settings, args: &ProduceArgs) -> anyhow::Result<()> 
         !settings.kafka.is_embedded(),
         "produce needs a real broker: set --brokers or PUSHPACE__KAFKA__BROKERS"
     );
-    pushpace::broker::ensure_topic(&settings.kafka.brokers, &settings.kafka.topic, settings.kafka.partitions)
-        .await?;
+    pushpace::broker::ensure_topic(
+        &settings.kafka.brokers,
+        &settings.kafka.topic,
+        settings.kafka.partitions,
+    )
+    .await?;
     let bar = indicatif::ProgressBar::new(plan.total_devices() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -262,10 +301,11 @@ async fn produce(settings: &Settings, args: &ProduceArgs) -> anyhow::Result<()> 
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let jobs = pushpace::produce::produce(&settings.kafka.brokers, &settings.kafka.topic, &plan, |d| {
-        bar.inc(d as u64)
-    })
-    .await?;
+    let jobs =
+        pushpace::produce::produce(&settings.kafka.brokers, &settings.kafka.topic, &plan, |d| {
+            bar.inc(d as u64)
+        })
+        .await?;
     bar.finish();
     println!(
         "produced {jobs} jobs, {} devices, to {}",

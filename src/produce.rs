@@ -31,7 +31,13 @@ pub struct PlannedCampaign {
 
 impl ProducePlan {
     /// `campaigns` campaigns named `<prefix>-<i>`, each with `devices` devices at `rate`.
-    pub fn uniform(prefix: &str, campaigns: usize, devices: usize, rate: Rate, job_size: usize) -> Self {
+    pub fn uniform(
+        prefix: &str,
+        campaigns: usize,
+        devices: usize,
+        rate: Rate,
+        job_size: usize,
+    ) -> Self {
         ProducePlan {
             campaigns: (0..campaigns)
                 .map(|i| PlannedCampaign {
@@ -79,9 +85,14 @@ impl ProducePlan {
                 let devices = (start..end)
                     .map(|d| format!("{}-{}-dev-{d:07}", self.run_id, c.id))
                     .collect();
-                let job = Job::new(format!("{}-{}-job-{j:05}", self.run_id, c.id), c.id.clone(), devices, payload.clone())
-                    .expect("generated jobs follow the rules")
-                    .with_send_rate(c.send_rate);
+                let job = Job::new(
+                    format!("{}-{}-job-{j:05}", self.run_id, c.id),
+                    c.id.clone(),
+                    devices,
+                    payload.clone(),
+                )
+                .expect("generated jobs follow the rules")
+                .with_send_rate(c.send_rate);
                 Some(match self.algorithm {
                     Some(a) => job.with_algorithm(a),
                     None => job,

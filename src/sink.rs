@@ -583,17 +583,23 @@ impl Shared {
                 j
             }
         };
-        let campaign = log
-            .campaigns
-            .entry(Arc::from(push.campaign_id.as_ref()))
-            .or_insert_with_key(|id| CampaignLog {
-                id: Arc::clone(id),
-                arrivals: Vec::new(),
-                per_second: BTreeMap::new(),
-                delivered: 0,
-                delivered_keys: HashSet::new(),
-                duplicates: 0,
-            });
+        if !log.campaigns.contains_key(push.campaign_id.as_ref()) {
+            let id: Arc<str> = Arc::from(push.campaign_id.as_ref());
+            log.campaigns.insert(
+                Arc::clone(&id),
+                CampaignLog {
+                    id,
+                    arrivals: Vec::new(),
+                    per_second: BTreeMap::new(),
+                    delivered: 0,
+                    delivered_keys: HashSet::new(),
+                    duplicates: 0,
+                },
+            );
+        }
+        let Some(campaign) = log.campaigns.get_mut(push.campaign_id.as_ref()) else {
+            unreachable!("inserted above");
+        };
         campaign.arrivals.push(at_ns);
         let second = (self.started_unix + Duration::from_nanos(at_ns)).as_secs();
         campaign.per_second.entry(second).or_insert((0, 0)).0 += 1;

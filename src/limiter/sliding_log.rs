@@ -131,18 +131,19 @@ impl RateLimiter for SlidingLog {
         Grant { granted, next_at }
     }
 
-    /// Keeps the log and judges it by the new window from `now` on: nothing more passes
-    /// until the log is under the new limit, which takes at most one new window. If the
-    /// new window is shorter, the logged sends are moved later by the difference, so that
-    /// each still counts for as long as the old window said; otherwise a sliding window
-    /// across the change could hold both the old quota and the new one.
+    /// Keeps the log and judges it by the new window from `now` on. If the new window is
+    /// shorter, each logged send is moved later by the difference, but not past `now`: it
+    /// still counts for as long as the old window said, or until one new window from
+    /// `now`, whichever comes first. So a sliding window across the change cannot hold the
+    /// old quota and the new one at once, and the limiter is blocked for at most one new
+    /// window.
     fn set_rate(&self, rate: Rate, now: Nanos) {
         let w = window_for(rate, self.burst);
         let mut st = lock(&self.state);
         let shorter_by = st.length.saturating_sub(w.length);
         if shorter_by > 0 {
             for (at, _) in st.log.iter_mut() {
-                *at = at.saturating_add(shorter_by);
+                *at = at.saturating_add(shorter_by).min(now.max(*at));
             }
         }
         st.limit = w.limit;

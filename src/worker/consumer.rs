@@ -119,6 +119,7 @@ impl State {
                     };
                     write_dead_letter(&self.pool, &self.runtime, &letter);
                     self.stats.dead_letters += 1;
+                    metrics::counter!("dead_letters_total", "kind" => kind.as_str()).increment(1);
                 }
                 Err(std::sync::mpsc::TryRecvError::Empty) => break,
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -198,7 +199,20 @@ struct Ctx {
     flush_now: FlushNow,
 }
 
-impl ClientContext for Ctx {}
+impl ClientContext for Ctx {
+    /// librdkafka's statistics (every `statistics.interval.ms`): the consumer lag per partition.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let Ok(state) = self.state.lock() else { return };
+        if let Some(topic) = statistics.topics.get(&state.topic) {
+            for (p, part) in &topic.partitions {
+                if *p >= 0 && part.consumer_lag >= 0 {
+                    metrics::gauge!("consumer_lag", "partition" => p.to_string())
+                        .set(part.consumer_lag as f64);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -285,6 +299,7 @@ pub fn spawn(
     let mut config = crate::broker::consumer_config(&kafka, &bootstrap);
     // Keep librdkafka's prefetch small: backpressure is ours, not its queue's.
     config.set("queued.max.messages.kbytes", "8192");
+    config.set("statistics.interval.ms", "5000");
     let consumer: BaseConsumer<Ctx> = config.create_with_context(ctx)?;
     consumer.subscribe(&[&kafka.topic])?;
     let commit_every = Duration::from_millis(kafka.commit_interval_ms);
@@ -454,6 +469,7 @@ impl Loop {
                     raw: payload,
                 };
                 write_dead_letter(&self.pool, &self.runtime, &letter);
+                metrics::counter!("dead_letters_total", "kind" => kind.as_str()).increment(1);
                 self.with_state(|s, _| {
                     s.stats.dead_letters += 1;
                     s.tracker.finished(partition, offset);

@@ -167,6 +167,9 @@ struct Campaign {
     next_at: Option<Nanos>,
     counter: CampaignCounter,
     active: bool,
+    sent: u64,
+    failed: u64,
+    retried: u64,
 }
 
 impl Campaign {
@@ -175,8 +178,8 @@ impl Campaign {
     }
 }
 
-/// Counters the worker exposes (read by metrics and tests).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// Counters the worker exposes (read by metrics, the API and tests).
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct SchedulerStats {
     pub active_campaigns: usize,
     pub waiting_campaigns: usize,
@@ -184,6 +187,23 @@ pub struct SchedulerStats {
     pub in_flight: usize,
     pub open_jobs: usize,
     pub sends: u64,
+    /// The campaigns this worker holds (active or waiting for a slot).
+    pub campaigns: Arc<Vec<CampaignLive>>,
+}
+
+/// One campaign as the scheduler sees it; counts are cumulative since it was loaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CampaignLive {
+    pub id: Arc<str>,
+    pub rate: f64,
+    pub algorithm: Algorithm,
+    pub paused: bool,
+    pub active: bool,
+    pub sent: u64,
+    pub failed: u64,
+    pub retried: u64,
+    pub in_flight: u32,
+    pub open_jobs: u32,
 }
 
 /// The synchronous scheduler core.
@@ -206,6 +226,8 @@ pub struct Scheduler {
     revoking: Option<(Vec<i32>, oneshot::Sender<()>)>,
     draining: bool,
     counters: SchedulerStats,
+    retries_total: metrics::Counter,
+    limiter_wait: metrics::Histogram,
 }
 
 impl Scheduler {
@@ -241,16 +263,38 @@ impl Scheduler {
             revoking: None,
             draining: false,
             counters: SchedulerStats::default(),
+            retries_total: metrics::counter!("retries_total"),
+            limiter_wait: metrics::histogram!("limiter_wait_seconds"),
         }
     }
 
+    /// A snapshot, with every campaign (allocates: call it a few times a second at most).
     pub fn stats(&self) -> SchedulerStats {
+        let campaigns = self
+            .campaigns
+            .iter()
+            .flatten()
+            .map(|c| CampaignLive {
+                id: c.settings.id.clone(),
+                rate: c.settings.rate.as_f64(),
+                algorithm: c.settings.algorithm,
+                paused: c.settings.paused,
+                active: c.active,
+                sent: c.sent,
+                failed: c.failed,
+                retried: c.retried,
+                in_flight: c.in_flight,
+                open_jobs: c.open_jobs,
+            })
+            .collect();
         SchedulerStats {
             active_campaigns: self.active.len(),
             waiting_campaigns: self.waiting.len(),
             in_flight: self.in_flight,
             open_jobs: self.jobs.len() - self.free_jobs.len(),
-            ..self.counters
+            max_active_seen: self.counters.max_active_seen,
+            sends: self.counters.sends,
+            campaigns: Arc::new(campaigns),
         }
     }
 
@@ -379,6 +423,9 @@ impl Scheduler {
             next_at: None,
             counter,
             active: false,
+            sent: 0,
+            failed: 0,
+            retried: 0,
         };
         let slot = match self.campaigns.iter().position(|c| c.is_none()) {
             Some(i) => {
@@ -520,6 +567,8 @@ impl Scheduler {
             }
         }
         if let Some(t) = c.next_at {
+            self.limiter_wait
+                .record((t - now) as f64 / NANOS_PER_SEC as f64);
             wake = Some(wake.map_or(t, |w| w.min(t)));
         }
         let mut left = granted;
@@ -619,12 +668,16 @@ impl Scheduler {
         let finished_device = match outcome {
             SendOutcome::Delivered => {
                 c.counter.record(unix_sec, Outcome::Sent, 1);
+                c.sent += 1;
                 true
             }
             SendOutcome::Retry { after, reason } => {
                 c.counter.record(unix_sec, Outcome::Retried, 1);
+                c.retried += 1;
+                self.retries_total.increment(1);
                 if attempt + 1 >= self.config.max_attempts {
                     c.counter.record(unix_sec, Outcome::Failed, 1);
+                    c.failed += 1;
                     let reason = format!("gave up after {} attempts; last: {reason}", attempt + 1);
                     self.dead_letter(slot, device, reason);
                     true
@@ -646,6 +699,7 @@ impl Scheduler {
             }
             SendOutcome::Failed { status, reason } => {
                 c.counter.record(unix_sec, Outcome::Failed, 1);
+                c.failed += 1;
                 let reason = match status {
                     Some(s) => format!("permanent failure (HTTP {s}): {reason}"),
                     None => format!("permanent failure: {reason}"),
@@ -785,6 +839,9 @@ fn unix_now() -> u64 {
     crate::stats::unix_second(std::time::SystemTime::now())
 }
 
+/// How often the driver publishes [`SchedulerStats`].
+const STATS_EVERY: Duration = Duration::from_millis(250);
+
 /// Drives a [`Scheduler`] until `control` closes (the consumer is gone) and every
 /// in-flight send has finished, or until the drain deadline after shutdown.
 pub async fn run(
@@ -798,11 +855,15 @@ pub async fn run(
 ) {
     let mut drain_deadline: Option<tokio::time::Instant> = None;
     let mut control_open = true;
+    let mut published = tokio::time::Instant::now();
     loop {
         let now = time.now();
         let sec = unix_now();
         let wake = scheduler.run_round(now, sec);
-        let _ = stats_out.send(scheduler.stats());
+        if published.elapsed() >= STATS_EVERY {
+            let _ = stats_out.send(scheduler.stats());
+            published = tokio::time::Instant::now();
+        }
         if let Some(deadline) = drain_deadline {
             if scheduler.in_flight() == 0 || tokio::time::Instant::now() >= deadline {
                 break;
@@ -851,11 +912,4 @@ impl std::fmt::Debug for Scheduler {
             .field("stats", &self.stats())
             .finish()
     }
-}
-
-#[allow(dead_code)]
-fn _assert_send() {
-    fn is_send<T: Send>() {}
-    is_send::<Scheduler>();
-    let _ = NANOS_PER_SEC;
 }

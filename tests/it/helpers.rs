@@ -124,7 +124,10 @@ impl TansuBroker {
                 &url,
             ])
             // The local server's certificate names localhost, not 127.0.0.1: plain TCP on loopback.
-            .args(["--storage-engine", &format!("{}?sslmode=disable", self.storage_url)])
+            .args([
+                "--storage-engine",
+                &format!("{}?sslmode=disable", self.storage_url),
+            ])
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

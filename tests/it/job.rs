@@ -620,10 +620,28 @@ fn bad_25_deep_nesting_never_overflows_the_stack() {
         r#"{{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{{"a":{}}}}}"#,
         deep(400_000)
     );
-    rejects(msg.as_bytes(), None, INVALID, Some("payload"), "at most 4096 bytes");
+    rejects(
+        msg.as_bytes(),
+        None,
+        INVALID,
+        Some("payload"),
+        "at most 4096 bytes",
+    );
     // Where values are built (a job that is not an object), depth is capped at 128.
-    rejects(deep(400_000).as_bytes(), None, MALFORMED, None, "recursion limit");
-    rejects(format!("{{\"x\":{}", deep(400_000)).as_bytes(), None, MALFORMED, None, "EOF");
+    rejects(
+        deep(400_000).as_bytes(),
+        None,
+        MALFORMED,
+        None,
+        "recursion limit",
+    );
+    rejects(
+        format!("{{\"x\":{}", deep(400_000)).as_bytes(),
+        None,
+        MALFORMED,
+        None,
+        "EOF",
+    );
 }
 
 #[test]

@@ -218,7 +218,13 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 /// Plays `steps` against a limiter; returns the sends and the last instant.
-fn play(lim: &dyn RateLimiter, steps: &[Step], cap: u32, mut now: Nanos, sends: &mut Sends) -> Nanos {
+fn play(
+    lim: &dyn RateLimiter,
+    steps: &[Step],
+    cap: u32,
+    mut now: Nanos,
+    sends: &mut Sends,
+) -> Nanos {
     let interval = lim.rate().interval_nanos();
     let mut told: Option<Nanos> = None;
     for s in steps {
@@ -309,7 +315,10 @@ fn window_exceptions_reach_their_bound() {
     let mut sends = Sends::new();
     saturate(lim.as_ref(), SEC - 1_000_000, 3 * SEC, None, &mut sends);
     assert_eq!(max_in_window(&sends, SEC), 2000);
-    assert_eq!(Subject::Alg(Algorithm::FixedWindow).window_bound(rate, 0, SEC), 2000);
+    assert_eq!(
+        Subject::Alg(Algorithm::FixedWindow).window_bound(rate, 0, SEC),
+        2000
+    );
 
     // sliding-log: exact over W = 1 s, but a window of 1.5 s holds two whole quotas.
     let lim = build(Algorithm::SlidingLog, rate, 0);
@@ -317,7 +326,10 @@ fn window_exceptions_reach_their_bound() {
     saturate(lim.as_ref(), 0, 3 * SEC, None, &mut sends);
     assert_eq!(max_in_window(&sends, SEC), 1000);
     assert_eq!(max_in_window(&sends, 3 * SEC / 2), 2000);
-    assert_eq!(Subject::Alg(Algorithm::SlidingLog).window_bound(rate, 0, 3 * SEC / 2), 2000);
+    assert_eq!(
+        Subject::Alg(Algorithm::SlidingLog).window_bound(rate, 0, 3 * SEC / 2),
+        2000
+    );
 
     // sliding-window: the first window's quota, all sent 1 ms before its end, is weighed
     // in the next window as if it had been spread evenly, so the next window releases one
@@ -327,7 +339,10 @@ fn window_exceptions_reach_their_bound() {
     saturate(lim.as_ref(), SEC - 1_000_000, 4 * SEC, None, &mut sends);
     let got = max_in_window(&sends, SEC);
     assert_eq!(got, 1999, "sliding-window edge burst");
-    assert_eq!(Subject::Alg(Algorithm::SlidingWindow).window_bound(rate, 0, SEC), 2000);
+    assert_eq!(
+        Subject::Alg(Algorithm::SlidingWindow).window_bound(rate, 0, SEC),
+        2000
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -613,7 +628,10 @@ fn gcra_threads_never_exceed_rate_plus_burst() {
             })
         })
         .collect();
-    let mut all: Vec<Nanos> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let mut all: Vec<Nanos> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
     all.sort_unstable();
     let sends: Sends = all.iter().map(|&t| (t, 1)).collect();
     for w in [SEC, 10_000_000] {
@@ -624,7 +642,11 @@ fn gcra_threads_never_exceed_rate_plus_burst() {
     // The limiter was really exercised: a good part of the rate was used (not all: on a
     // loaded machine the threads are descheduled for milliseconds, and a burst of 16 at
     // 20,000/s only saves 0.8 ms of idle capacity).
-    assert!(all.len() as f64 > 0.25 * rate.permits_in(run_for), "only {} passed", all.len());
+    assert!(
+        all.len() as f64 > 0.25 * rate.permits_in(run_for),
+        "only {} passed",
+        all.len()
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -660,14 +682,20 @@ fn merged(sent: &[Vec<Nanos>]) -> Sends {
 fn hierarchical_global_caps_the_sum_and_own_rates_pass() {
     // Three campaigns of 500/s (burst 50) want 1500/s under a 1000/s cap.
     let global = HierarchicalLimiter::new(r(1000.0), 0);
-    let cs: Vec<_> = (0..3).map(|_| global.campaign(Algorithm::Gcra, r(500.0), 50)).collect();
+    let cs: Vec<_> = (0..3)
+        .map(|_| global.campaign(Algorithm::Gcra, r(500.0), 50))
+        .collect();
     let refs: Vec<&dyn RateLimiter> = cs.iter().map(|c| c as &dyn RateLimiter).collect();
     let sent = run_campaigns(&refs, 10, true);
     let all = merged(&sent);
     assert!(max_in_window(&all, SEC) <= 1000, "global cap exceeded");
     assert!(all.len() >= 9990, "global cap not used: {}", all.len());
     for s in &sent {
-        assert!(s.len() >= 3000, "a campaign was starved: {:?}", sent.iter().map(Vec::len).collect::<Vec<_>>());
+        assert!(
+            s.len() >= 3000,
+            "a campaign was starved: {:?}",
+            sent.iter().map(Vec::len).collect::<Vec<_>>()
+        );
     }
 
     // A campaign alone within its own rate always passes.
@@ -687,9 +715,20 @@ fn hierarchical_burst_uses_only_unused_global_capacity() {
     let quiet = global.campaign(Algorithm::Gcra, r(100.0), 200);
     let sent = run_campaigns(&[&quiet, &busy], 3, false);
     let first_second = |s: &Vec<Nanos>| s.iter().filter(|&&t| t < SEC).count();
-    assert!(first_second(&sent[0]) >= 300, "quiet did not burst: {}", first_second(&sent[0]));
-    assert!(first_second(&sent[1]) >= 499, "busy lost its rate: {}", first_second(&sent[1]));
-    assert!(max_in_window(&merged(&sent), SEC) <= 1000 + 10, "global cap exceeded");
+    assert!(
+        first_second(&sent[0]) >= 300,
+        "quiet did not burst: {}",
+        first_second(&sent[0])
+    );
+    assert!(
+        first_second(&sent[1]) >= 499,
+        "busy lost its rate: {}",
+        first_second(&sent[1])
+    );
+    assert!(
+        max_in_window(&merged(&sent), SEC) <= 1000 + 10,
+        "global cap exceeded"
+    );
 
     // No unused capacity: own rates add up to the cap. quiet asks first at every step,
     // and still its burst cannot take busy's share: busy sends as much as it does with
@@ -707,9 +746,20 @@ fn hierarchical_burst_uses_only_unused_global_capacity() {
     // In 10 µs steps busy's own 900/s comes out at 893/s (each send is up to a step
     // late); quiet's burst takes exactly the capacity that leaves unused.
     let unused = 10_000 - alone[0].len() - alone[1].len();
-    assert!(sent[0].len() <= alone[0].len() + unused + 1, "quiet took more than the unused capacity");
-    assert!(sent[1].len() >= alone[1].len(), "busy lost its rate to quiet's burst: {} < {}", sent[1].len(), alone[1].len());
-    assert!(max_in_window(&merged(&sent), SEC) <= 1000 + 10, "global cap exceeded");
+    assert!(
+        sent[0].len() <= alone[0].len() + unused + 1,
+        "quiet took more than the unused capacity"
+    );
+    assert!(
+        sent[1].len() >= alone[1].len(),
+        "busy lost its rate to quiet's burst: {} < {}",
+        sent[1].len(),
+        alone[1].len()
+    );
+    assert!(
+        max_in_window(&merged(&sent), SEC) <= 1000 + 10,
+        "global cap exceeded"
+    );
 }
 
 #[test]
@@ -718,14 +768,17 @@ fn hierarchical_permit_refused_by_global_returns_to_the_burst_bucket() {
     let a = global.campaign(Algorithm::Gcra, r(1.0), 0);
     let b = global.campaign(Algorithm::Gcra, r(10.0), 0);
     assert_eq!(b.try_acquire(0), Decision::Allow); // the global slot until 100 ms is b's
-    // a's own limiter passes at 0, the global cap refuses: the permit goes back to a's
-    // bucket instead of being lost.
+                                                   // a's own limiter passes at 0, the global cap refuses: the permit goes back to a's
+                                                   // bucket instead of being lost.
     assert_eq!(a.try_acquire(0), Decision::WaitUntil(100_000_000));
     // At 100 ms a's own limiter would say 1 s (its slot is used), but the returned
     // permit passes as a burst permit: the global slot at 100 ms is unused.
     assert_eq!(a.try_acquire(100_000_000), Decision::Allow);
     // Now the bucket is empty: the next permit is one interval after that send.
-    assert_eq!(a.try_acquire(100_000_000), Decision::WaitUntil(1_100_000_000));
+    assert_eq!(
+        a.try_acquire(100_000_000),
+        Decision::WaitUntil(1_100_000_000)
+    );
 }
 
 #[test]
@@ -765,7 +818,10 @@ fn factory_builds_every_algorithm_by_name() {
         assert_eq!(g.next_at, None);
     }
     let global = HierarchicalLimiter::new(r(1000.0), 0);
-    assert_eq!(global.campaign(Algorithm::SlidingLog, r(10.0), 0).name(), "hierarchical");
+    assert_eq!(
+        global.campaign(Algorithm::SlidingLog, r(10.0), 0).name(),
+        "hierarchical"
+    );
 }
 
 #[test]
@@ -813,14 +869,37 @@ fn simulate_json_has_the_documented_shape() {
         keys.sort_unstable();
         assert_eq!(
             keys,
-            ["buckets_100ms", "finish_s", "max_100ms", "max_1s_window", "min_100ms", "name", "stddev_100ms"]
+            [
+                "buckets_100ms",
+                "finish_s",
+                "max_100ms",
+                "max_1s_window",
+                "min_100ms",
+                "name",
+                "stddev_100ms"
+            ]
         );
-        let buckets: Vec<u64> = a["buckets_100ms"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
+        let buckets: Vec<u64> = a["buckets_100ms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
         assert_eq!(buckets.iter().sum::<u64>(), 10_000, "{}", a["name"]);
         // The stalls [4 s, 5 s) and [6 s, 7 s) are empty buckets 40..50 and 60..70.
-        assert!(buckets[40..50].iter().chain(&buckets[60..70]).all(|&b| b == 0), "{}", a["name"]);
+        assert!(
+            buckets[40..50]
+                .iter()
+                .chain(&buckets[60..70])
+                .all(|&b| b == 0),
+            "{}",
+            a["name"]
+        );
         assert_eq!(a["min_100ms"], 0);
-        assert_eq!(a["max_100ms"].as_u64().unwrap(), *buckets.iter().max().unwrap());
+        assert_eq!(
+            a["max_100ms"].as_u64().unwrap(),
+            *buckets.iter().max().unwrap()
+        );
         assert!(a["finish_s"].as_f64().unwrap() >= 11.0);
         assert!(a["stddev_100ms"].as_f64().unwrap() > 0.0);
     }
@@ -862,7 +941,10 @@ fn simulate_smooth_algorithms_pace_evenly_and_windows_front_load() {
         }
     }
     // Deterministic: a second run is identical.
-    assert_eq!(report, simulate::simulate(&Algorithm::ALL, r(1000.0), 10_000, 0, &[]));
+    assert_eq!(
+        report,
+        simulate::simulate(&Algorithm::ALL, r(1000.0), 10_000, 0, &[])
+    );
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! pushpace's integration tests: one crate, one binary, against the real services.
 
+mod api;
 mod broker;
+mod browser;
 mod cli;
 mod helpers;
 mod job;

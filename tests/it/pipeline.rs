@@ -1,7 +1,9 @@
 //! The worker pipeline end to end, against the real tansu broker, real PostgreSQL and a
 //! real loopback HTTP sink that timestamps every request.
 
-use crate::helpers::{brokers, fresh_database, fresh_topic, pacing_lock, test_settings, unique_name};
+use crate::helpers::{
+    brokers, fresh_database, fresh_topic, pacing_lock, test_settings, unique_name,
+};
 use pushpace::limiter::{Algorithm, Rate};
 use pushpace::produce::{PlannedCampaign, ProducePlan};
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
@@ -99,23 +101,46 @@ impl Run {
 async fn paced_five_campaigns_delivered_once_and_recorded() {
     let _serial = pacing_lock().await;
     // About 5 s of work per campaign.
-    let rates = [(20.0, 100), (100.0, 500), (500.0, 2500), (1000.0, 5000), (2000.0, 10000)];
+    let rates = [
+        (20.0, 100),
+        (100.0, 500),
+        (500.0, 2500),
+        (1000.0, 5000),
+        (2000.0, 10000),
+    ];
     let mut run = start(&rates, Some(Algorithm::Gcra), &[]).await;
     run.wait_all_delivered(Duration::from_secs(60)).await;
     run.stop().await;
 
     let summary = run.sink.summary();
-    assert_eq!(summary.distinct_delivered, run.total(), "every (job, device) arrived");
+    assert_eq!(
+        summary.distinct_delivered,
+        run.total(),
+        "every (job, device) arrived"
+    );
     assert_eq!(summary.duplicates, 0, "no duplicates in a clean run");
     for (c, (rate, devices)) in run.plan.campaigns.iter().zip(rates) {
         let s = run.sink.campaign(&c.id).expect("campaign reached the sink");
         let max_1s = run.sink.max_in_window(&c.id, Duration::from_secs(1));
         // burst is 0; +1 covers two arrivals whose spacing the network shortened.
         let bound = (rate * 1.02).floor() as u64 + 1;
-        assert!(max_1s <= bound, "{}: {max_1s} in a 1 s window > {bound}", c.id);
+        assert!(
+            max_1s <= bound,
+            "{}: {max_1s} in a 1 s window > {bound}",
+            c.id
+        );
         let mean = devices as f64 / ((s.last_ms - s.first_ms) / 1000.0 + 1.0 / rate);
-        assert!(mean >= 0.97 * rate, "{}: mean {mean:.1}/s < 0.97 × {rate}", c.id);
-        assert_eq!(run.recorded_sent(&c.id).await, s.delivered as i64, "{}: delivery_seconds == sink", c.id);
+        assert!(
+            mean >= 0.97 * rate,
+            "{}: mean {mean:.1}/s < 0.97 × {rate}",
+            c.id
+        );
+        assert_eq!(
+            run.recorded_sent(&c.id).await,
+            s.delivered as i64,
+            "{}: delivery_seconds == sink",
+            c.id
+        );
     }
 }
 
@@ -124,10 +149,19 @@ async fn more_campaigns_than_slots_all_complete_with_at_most_100_active() {
     let campaigns: Vec<(f64, usize)> = (0..120).map(|_| (1000.0, 20)).collect();
     let mut run = start(&campaigns, None, &[]).await;
     run.wait_all_delivered(Duration::from_secs(60)).await;
-    let max_active = run.worker.as_ref().unwrap().scheduler_stats.borrow().max_active_seen;
+    let max_active = run
+        .worker
+        .as_ref()
+        .unwrap()
+        .scheduler_stats
+        .borrow()
+        .max_active_seen;
     run.stop().await;
     assert_eq!(run.sink.summary().distinct_delivered, run.total());
-    assert!(max_active <= 100, "{max_active} campaigns were active at once");
+    assert!(
+        max_active <= 100,
+        "{max_active} campaigns were active at once"
+    );
     assert!(max_active > 1, "campaigns ran concurrently");
 }
 

@@ -246,7 +246,11 @@ async fn concurrent_first_jobs_create_one_campaign() {
         rates.push(t.await.unwrap().send_rate);
     }
     rates.dedup();
-    assert_eq!(rates.len(), 1, "every job sees the one stored row: {rates:?}");
+    assert_eq!(
+        rates.len(),
+        1,
+        "every job sees the one stored row: {rates:?}"
+    );
 }
 
 /// Each of two workers (own recorder, own flusher, own pool) adds into the same
@@ -259,7 +263,9 @@ async fn two_flushers_adding_into_the_same_seconds_give_exact_sums() {
     let mut writers = Vec::new();
     for _ in 0..2 {
         let recorder = StatsRecorder::new();
-        let worker_pool = store::connect(&url, 4, Duration::from_secs(10)).await.unwrap();
+        let worker_pool = store::connect(&url, 4, Duration::from_secs(10))
+            .await
+            .unwrap();
         let flusher = Flusher::new(
             recorder.clone(),
             worker_pool,
@@ -309,7 +315,10 @@ async fn two_flushers_adding_into_the_same_seconds_give_exact_sums() {
     let mut statements = 0;
     for (flusher, task) in flushers {
         task.await.unwrap().unwrap();
-        assert!(flusher.batches_committed() > 10, "flushes ran during the writes");
+        assert!(
+            flusher.batches_committed() > 10,
+            "flushes ran during the writes"
+        );
         statements += flusher.statements();
     }
     let stored = stored_seconds(&pool, "shared").await;
@@ -340,7 +349,10 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
         job.set_done(40);
         let report = flusher.flush_now().await.unwrap();
         assert_eq!((report.seconds_rows, report.progress_rows), (1, 1));
-        assert_eq!(report.statements, 2, "one statement for counts, one for progress");
+        assert_eq!(
+            report.statements, 2,
+            "one statement for counts, one for progress"
+        );
         assert_eq!(job.durable_done(), Some(40));
         // More work, then the process dies before the next flush.
         counter.record(BASE + 1, Outcome::Sent, 30);
@@ -360,7 +372,11 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
     );
     assert!(!stored.is_complete() && stored.completed_at.is_none());
     let totals = store::totals(&pool, "crash").await.unwrap();
-    assert_eq!((totals.sent, totals.failed), (38, 2), "exactly what was flushed");
+    assert_eq!(
+        (totals.sent, totals.failed),
+        (38, 2),
+        "exactly what was flushed"
+    );
 
     // The restarted worker re-consumes the job and starts at device 40.
     let recorder = StatsRecorder::new();
@@ -532,7 +548,10 @@ async fn an_unreachable_database_loses_no_counts_and_raises_backpressure() {
     for s in 10..110 {
         assert_eq!(stored[&(BASE + s)], [1, 2, 0], "second {s}");
     }
-    let progress = progress::lookup(&direct, "job-outage").await.unwrap().unwrap();
+    let progress = progress::lookup(&direct, "job-outage")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(progress.devices_done, 900);
     stop_tx.send(true).unwrap();
     task.await.unwrap().unwrap();
@@ -688,9 +707,7 @@ async fn a_send_rate_changed_with_sql_reaches_the_watcher_within_a_second() {
         .unwrap();
     tokio::time::timeout(
         Duration::from_secs(5),
-        snapshots.wait_for(|s| {
-            s.get("watched").map(|c| (c.send_rate, c.burst)) == Some((75.0, 4))
-        }),
+        snapshots.wait_for(|s| s.get("watched").map(|c| (c.send_rate, c.burst)) == Some((75.0, 4))),
     )
     .await
     .expect("the watcher survived losing its connection")
@@ -720,7 +737,9 @@ async fn series_fill_gaps_with_zeros_and_refuse_long_ranges() {
     counter.record(BASE + 2, Outcome::Sent, 7);
     counter.record(BASE + 2, Outcome::Failed, 1);
     counter.record(BASE + 5, Outcome::Retried, 3);
-    recorder.campaign("other").record(BASE + 1, Outcome::Sent, 100);
+    recorder
+        .campaign("other")
+        .record(BASE + 1, Outcome::Sent, 100);
     flusher.flush_now().await.unwrap();
 
     let points = store::series(&pool, "graph", at(BASE), at(BASE + 6))
@@ -847,7 +866,9 @@ async fn dead_letters_are_paged_newest_first() {
     let mut before = None;
     let mut pages = 0;
     loop {
-        let page = dead_letters::list(&pool, Some("dl"), before, 10).await.unwrap();
+        let page = dead_letters::list(&pool, Some("dl"), before, 10)
+            .await
+            .unwrap();
         if page.is_empty() {
             break;
         }
@@ -885,7 +906,11 @@ async fn dead_letters_are_paged_newest_first() {
     assert_eq!(all.len(), 30);
     let malformed = &all[0];
     assert_eq!(malformed.kind, DeadLetterKind::MalformedJob);
-    assert_eq!(malformed.raw.len(), MAX_RAW_BYTES, "raw is truncated at 1 MiB");
+    assert_eq!(
+        malformed.raw.len(),
+        MAX_RAW_BYTES,
+        "raw is truncated at 1 MiB"
+    );
     assert_eq!(malformed.campaign_id, None);
 }
 
@@ -991,7 +1016,11 @@ async fn a_flapping_network_loses_and_doubles_no_counts() {
     proxy.set_up(true);
     stop_tx.send(true).unwrap();
     task.await.unwrap().unwrap();
-    assert!(cuts > 20 && flusher.failed_writes() > 5, "{cuts} cuts, {} failures", flusher.failed_writes());
+    assert!(
+        cuts > 20 && flusher.failed_writes() > 5,
+        "{cuts} cuts, {} failures",
+        flusher.failed_writes()
+    );
     let stored = stored_seconds(&direct, "flap").await;
     let stored: BTreeMap<u64, i64> = stored.into_iter().map(|(s, c)| (s, c[0])).collect();
     assert_eq!(stored, expected);

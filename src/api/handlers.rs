@@ -1,0 +1,557 @@
+//! The endpoint handlers. Input is checked here with the store's own rules, so that a bad
+//! value is a 422 naming its field before any SQL runs.
+
+use super::error::ApiError;
+use super::AppState;
+use crate::limiter::Algorithm;
+use crate::store::campaigns::{self, CampaignPatch, CampaignStatus, CampaignSummary};
+use crate::store::{dead_letters, delivery, StoredDeadLetter, MIGRATOR};
+use crate::worker::scheduler::CampaignLive;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Duration, Utc};
+use std::collections::HashMap;
+use std::time::Duration as StdDuration;
+
+type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
+
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// One readiness check's result.
+#[derive(Debug, serde::Serialize)]
+pub struct Check {
+    pub ok: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Checks {
+    pub broker: Check,
+    pub postgres: Check,
+    pub migrations: Check,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Readiness {
+    pub ready: bool,
+    pub checks: Checks,
+}
+
+pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
+    let (broker, postgres, migrations) = tokio::join!(
+        check_broker(&state),
+        check_postgres(&state),
+        check_migrations(&state)
+    );
+    let ready = broker.ok && postgres.ok && migrations.ok;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let checks = Checks {
+        broker,
+        postgres,
+        migrations,
+    };
+    (status, Json(Readiness { ready, checks }))
+}
+
+async fn check_broker(state: &AppState) -> Check {
+    let bootstrap = state.inner.bootstrap.clone();
+    let timeout = state.inner.broker_timeout;
+    // librdkafka's metadata call blocks its thread.
+    let ping = tokio::task::spawn_blocking(move || crate::broker::ping(&bootstrap, timeout));
+    match tokio::time::timeout(timeout + StdDuration::from_secs(1), ping).await {
+        Ok(Ok(Ok(n))) => Check {
+            ok: true,
+            detail: format!("{n} broker(s) answered"),
+        },
+        Ok(Ok(Err(e))) => Check {
+            ok: false,
+            detail: e.to_string(),
+        },
+        Ok(Err(e)) => Check {
+            ok: false,
+            detail: format!("ping task failed: {e}"),
+        },
+        Err(_) => Check {
+            ok: false,
+            detail: format!("no answer within {} ms", timeout.as_millis()),
+        },
+    }
+}
+
+async fn check_postgres(state: &AppState) -> Check {
+    let q = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(state.pool());
+    match tokio::time::timeout(StdDuration::from_secs(2), q).await {
+        Ok(Ok(_)) => Check {
+            ok: true,
+            detail: "answered".into(),
+        },
+        Ok(Err(e)) => Check {
+            ok: false,
+            detail: crate::store::StoreError::from(e).to_string(),
+        },
+        Err(_) => Check {
+            ok: false,
+            detail: "no answer within 2000 ms".into(),
+        },
+    }
+}
+
+async fn check_migrations(state: &AppState) -> Check {
+    let q = sqlx::query_as::<_, (i64, Vec<u8>)>(
+        "SELECT version, checksum FROM _sqlx_migrations WHERE success",
+    )
+    .fetch_all(state.pool());
+    let applied = match tokio::time::timeout(StdDuration::from_secs(2), q).await {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => {
+            let missing_table = e
+                .as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|c| c == "42P01");
+            return Check {
+                ok: false,
+                detail: if missing_table {
+                    "no migration applied (run `pushpace migrate`)".into()
+                } else {
+                    crate::store::StoreError::from(e).to_string()
+                },
+            };
+        }
+        Err(_) => {
+            return Check {
+                ok: false,
+                detail: "no answer within 2000 ms".into(),
+            }
+        }
+    };
+    let applied: HashMap<i64, Vec<u8>> = applied.into_iter().collect();
+    let expected: Vec<_> = MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .collect();
+    let missing: Vec<String> = expected
+        .iter()
+        .filter(|m| !applied.contains_key(&m.version))
+        .map(|m| m.version.to_string())
+        .collect();
+    let changed: Vec<String> = expected
+        .iter()
+        .filter(|m| applied.get(&m.version).is_some_and(|c| **c != *m.checksum))
+        .map(|m| m.version.to_string())
+        .collect();
+    if missing.is_empty() && changed.is_empty() {
+        Check {
+            ok: true,
+            detail: format!("{} of {} applied", expected.len(), expected.len()),
+        }
+    } else {
+        let mut detail = Vec::new();
+        if !missing.is_empty() {
+            detail.push(format!("not applied: {}", missing.join(", ")));
+        }
+        if !changed.is_empty() {
+            detail.push(format!("changed since applied: {}", changed.join(", ")));
+        }
+        Check {
+            ok: false,
+            detail: detail.join("; "),
+        }
+    }
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let stats = state
+        .worker()
+        .map(|w| (w.scheduler.borrow().clone(), w.consumer.borrow().clone()));
+    let body = crate::metrics::render(
+        state.inner.metrics.as_ref(),
+        stats.as_ref().map(|(s, c)| (s, c)),
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// What the worker is doing with a campaign right now.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LiveView {
+    /// Holding a slot (false: waiting for one).
+    pub active: bool,
+    pub paused: bool,
+    /// The rate its limiter runs at.
+    pub rate: f64,
+    pub algorithm: Algorithm,
+    /// Counts since the worker took the campaign up.
+    pub sent: u64,
+    pub failed: u64,
+    pub retried: u64,
+    pub in_flight: u32,
+    pub open_jobs: u32,
+}
+
+impl From<&CampaignLive> for LiveView {
+    fn from(c: &CampaignLive) -> Self {
+        Self {
+            active: c.active,
+            paused: c.paused,
+            rate: c.rate,
+            algorithm: c.algorithm,
+            sent: c.sent,
+            failed: c.failed,
+            retried: c.retried,
+            in_flight: c.in_flight,
+            open_jobs: c.open_jobs,
+        }
+    }
+}
+
+/// A campaign as the API shows it: stored settings, totals, and the worker's view.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CampaignView {
+    #[serde(flatten)]
+    pub summary: CampaignSummary,
+    /// Whether this worker holds a slot for it now.
+    pub active: bool,
+    pub live: Option<LiveView>,
+}
+
+fn view(summary: CampaignSummary, live: &[CampaignLive]) -> CampaignView {
+    let live = live
+        .iter()
+        .find(|c| *c.id == *summary.campaign.id)
+        .map(LiveView::from);
+    CampaignView {
+        active: live.as_ref().is_some_and(|l| l.active),
+        live,
+        summary,
+    }
+}
+
+fn live_campaigns(state: &AppState) -> std::sync::Arc<Vec<CampaignLive>> {
+    state.worker().map(|w| w.campaigns()).unwrap_or_default()
+}
+
+pub async fn list_campaigns(
+    State(state): State<AppState>,
+) -> Result<Json<Vec<CampaignView>>, ApiError> {
+    let summaries = campaigns::list(state.pool(), Utc::now()).await?;
+    let live = live_campaigns(&state);
+    Ok(Json(
+        summaries.into_iter().map(|s| view(s, &live)).collect(),
+    ))
+}
+
+async fn load_view(state: &AppState, id: &str) -> Result<CampaignView, ApiError> {
+    let campaign = campaigns::get(state.pool(), id)
+        .await?
+        .ok_or_else(|| ApiError::CampaignNotFound(id.to_string()))?;
+    let totals = delivery::totals(state.pool(), id).await?;
+    // The same window as the list: the 10 complete seconds before now.
+    let end = Utc::now();
+    let last10 = delivery::series(state.pool(), id, end - Duration::seconds(10), end).await?;
+    let rate_10s = last10.iter().map(|p| p.sent).sum::<i64>() as f64 / 10.0;
+    let summary = CampaignSummary {
+        campaign,
+        sent: totals.sent,
+        failed: totals.failed,
+        retried: totals.retried,
+        rate_10s,
+    };
+    Ok(view(summary, &live_campaigns(state)))
+}
+
+pub async fn get_campaign(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<CampaignView>, ApiError> {
+    Ok(Json(load_view(&state, &id).await?))
+}
+
+/// Reads a `PUT /api/campaigns/{id}` body, naming the field at fault.
+pub fn parse_patch(body: &[u8]) -> Result<CampaignPatch, ApiError> {
+    let value: serde_json::Value = if body.iter().all(u8::is_ascii_whitespace) {
+        serde_json::Value::Object(Default::default())
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::invalid("body", format!("not valid JSON: {e}")))?
+    };
+    let serde_json::Value::Object(fields) = value else {
+        return Err(ApiError::invalid(
+            "body",
+            "must be a JSON object such as {\"send_rate\": 750}",
+        ));
+    };
+    let mut patch = CampaignPatch::default();
+    for (name, v) in fields {
+        match name.as_str() {
+            "send_rate" => {
+                let rate = v.as_f64().ok_or_else(|| {
+                    ApiError::invalid("send_rate", format!("must be a number, got {v}"))
+                })?;
+                campaigns::validate_send_rate(rate)?;
+                patch.send_rate = Some(rate);
+            }
+            "algorithm" => {
+                let name = v.as_str().ok_or_else(|| {
+                    ApiError::invalid("algorithm", format!("must be a string, got {v}"))
+                })?;
+                let algorithm = name
+                    .parse::<Algorithm>()
+                    .map_err(|e| ApiError::invalid("algorithm", e.to_string()))?;
+                patch.algorithm = Some(algorithm);
+            }
+            "burst" => {
+                let burst = v.as_i64().ok_or_else(|| {
+                    ApiError::invalid("burst", format!("must be a whole number, got {v}"))
+                })?;
+                campaigns::validate_burst(burst)?;
+                patch.burst = Some(burst);
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    "unknown field; expected send_rate, algorithm or burst",
+                ))
+            }
+        }
+    }
+    Ok(patch)
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge {
+                limit: super::MAX_BODY_BYTES,
+            }
+        } else {
+            ApiError::BadBody(e.body_text())
+        }
+    })
+}
+
+pub async fn put_campaign(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<CampaignView>), ApiError> {
+    campaigns::validate_id(&id)?;
+    let patch = parse_patch(&body_bytes(body)?)?;
+    let existed = campaigns::get(state.pool(), &id).await?.is_some();
+    let campaign = campaigns::put(state.pool(), &id, &patch, &state.inner.defaults).await?;
+    tracing::info!(
+        campaign = %campaign.id,
+        send_rate = campaign.send_rate,
+        algorithm = %campaign.algorithm,
+        burst = campaign.burst,
+        created = !existed,
+        "campaign changed through the API"
+    );
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(load_view(&state, &id).await?)))
+}
+
+async fn set_status(
+    state: &AppState,
+    id: &str,
+    status: CampaignStatus,
+) -> Result<Json<CampaignView>, ApiError> {
+    let campaign = campaigns::set_status(state.pool(), id, status).await?;
+    tracing::info!(campaign = %campaign.id, status = %campaign.status, "campaign status changed through the API");
+    Ok(Json(load_view(state, id).await?))
+}
+
+pub async fn pause(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<CampaignView>, ApiError> {
+    set_status(&state, &id, CampaignStatus::Paused).await
+}
+
+pub async fn resume(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<CampaignView>, ApiError> {
+    set_status(&state, &id, CampaignStatus::Active).await
+}
+
+fn params(p: Params, known: &[&str]) -> Result<HashMap<String, String>, ApiError> {
+    let Query(map) = p.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(ApiError::invalid(
+            unknown.clone(),
+            format!("unknown parameter; expected one of {}", known.join(", ")),
+        ));
+    }
+    Ok(map)
+}
+
+fn timestamp(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
+    DateTime::parse_from_rfc3339(raw)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            ApiError::invalid(
+                field,
+                format!("{raw:?} is not an RFC 3339 time such as 2026-11-22T10:00:00Z: {e}"),
+            )
+        })
+}
+
+/// `?from=&to=` (RFC 3339), or `?last=5m` ending now; `to` defaults to now and `from`
+/// to five minutes before `to`.
+pub async fn series(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Params,
+) -> Result<Json<Vec<delivery::Point>>, ApiError> {
+    let q = params(query, &["from", "to", "last"])?;
+    if campaigns::get(state.pool(), &id).await?.is_none() {
+        return Err(ApiError::CampaignNotFound(id));
+    }
+    let to = match q.get("to") {
+        Some(raw) => timestamp("to", raw)?,
+        None => Utc::now(),
+    };
+    let from = match (q.get("from"), q.get("last")) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "last",
+                "give either from or last, not both",
+            ))
+        }
+        (Some(raw), None) => timestamp("from", raw)?,
+        (None, Some(raw)) => {
+            let span = super::parse_duration(raw).map_err(|e| ApiError::invalid("last", e))?;
+            to.checked_sub_signed(span)
+                .ok_or_else(|| ApiError::invalid("last", "reaches before the year 0"))?
+        }
+        (None, None) => to - Duration::minutes(5),
+    };
+    if from > to {
+        return Err(ApiError::invalid(
+            "from",
+            format!("the range starts ({from}) after it ends ({to})"),
+        ));
+    }
+    Ok(Json(delivery::series(state.pool(), &id, from, to).await?))
+}
+
+/// The most of a dead letter's original bytes shown in a listing.
+const RAW_SHOWN: usize = 1024;
+
+#[derive(Debug, serde::Serialize)]
+pub struct DeadLetterView {
+    pub id: i64,
+    pub kind: crate::store::DeadLetterKind,
+    pub topic: String,
+    pub partition: i32,
+    pub kafka_offset: i64,
+    pub campaign_id: Option<String>,
+    pub job_id: Option<String>,
+    pub device_token: Option<String>,
+    pub reason: String,
+    pub created_at: DateTime<Utc>,
+    /// The original message's length in bytes.
+    pub raw_len: usize,
+    /// Its first bytes as text (invalid UTF-8 replaced).
+    pub raw: String,
+    pub raw_truncated: bool,
+}
+
+impl From<StoredDeadLetter> for DeadLetterView {
+    fn from(d: StoredDeadLetter) -> Self {
+        let shown = &d.raw[..d.raw.len().min(RAW_SHOWN)];
+        Self {
+            id: d.id,
+            kind: d.kind,
+            topic: d.topic,
+            partition: d.partition,
+            kafka_offset: d.kafka_offset,
+            campaign_id: d.campaign_id,
+            job_id: d.job_id,
+            device_token: d.device_token,
+            reason: d.reason,
+            created_at: d.created_at,
+            raw_len: d.raw.len(),
+            raw: String::from_utf8_lossy(shown).into_owned(),
+            raw_truncated: d.raw.len() > RAW_SHOWN,
+        }
+    }
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct DeadLetterPage {
+    pub items: Vec<DeadLetterView>,
+    /// Pass as `before` for the next (older) page; null on the last page.
+    pub next_before: Option<i64>,
+}
+
+/// `?campaign=&limit=&before=`, newest first.
+pub async fn dead_letters(
+    State(state): State<AppState>,
+    query: Params,
+) -> Result<Json<DeadLetterPage>, ApiError> {
+    let q = params(query, &["campaign", "limit", "before"])?;
+    let limit = match q.get("limit") {
+        None => 100,
+        Some(raw) => match raw.parse::<i64>() {
+            Ok(n) if (1..=dead_letters::MAX_PAGE).contains(&n) => n,
+            _ => {
+                return Err(ApiError::invalid(
+                    "limit",
+                    format!(
+                        "must be a whole number from 1 to {}",
+                        dead_letters::MAX_PAGE
+                    ),
+                ))
+            }
+        },
+    };
+    let before = q
+        .get("before")
+        .map(|raw| {
+            raw.parse::<i64>()
+                .map_err(|_| ApiError::invalid("before", "must be a dead letter id"))
+        })
+        .transpose()?;
+    let campaign = q.get("campaign").map(String::as_str);
+    if let Some(c) = campaign {
+        campaigns::validate_id(c).map_err(|e| match e {
+            crate::store::StoreError::Invalid { reason, .. } => {
+                ApiError::invalid("campaign", reason)
+            }
+            other => other.into(),
+        })?;
+    }
+    let rows = dead_letters::list(state.pool(), campaign, before, limit).await?;
+    let next_before = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|d| d.id))
+        .flatten();
+    Ok(Json(DeadLetterPage {
+        items: rows.into_iter().map(DeadLetterView::from).collect(),
+        next_before,
+    }))
+}
+
+pub async fn no_route(uri: Uri) -> ApiError {
+    ApiError::NoRoute(uri.path().to_string())
+}

@@ -1,0 +1,181 @@
+//! The operator HTTP API and dashboard (axum), served next to the worker.
+//!
+//! - `GET /healthz`, `GET /readyz` (broker, PostgreSQL, migrations, each by name);
+//! - `GET /metrics`: Prometheus text ([`crate::metrics`]);
+//! - `GET /api/campaigns`, `GET|PUT /api/campaigns/{id}`,
+//!   `POST /api/campaigns/{id}/pause|resume`, `GET /api/campaigns/{id}/series`;
+//! - `GET /api/dead-letters`;
+//! - `GET /`: the dashboard, its script and the vendored uPlot, all built into the binary.
+//!
+//! The API only writes the store: the `campaigns` trigger NOTIFYs, the worker's
+//! `CampaignWatcher` re-reads and the scheduler applies the change within a second. What
+//! the worker is doing right now (which campaigns it holds, their live counts) comes from
+//! its published snapshots, through [`WorkerView`]; without a worker in the process the
+//! API still serves everything the store holds.
+//!
+//! - [`auth`]: the admin token check on mutating routes.
+//! - [`error`]: [`ApiError`] and its JSON responses.
+
+pub mod auth;
+mod dashboard;
+pub mod error;
+mod handlers;
+
+pub use error::ApiError;
+
+use crate::store::CampaignDefaults;
+use crate::worker::consumer::ConsumerStats;
+use crate::worker::scheduler::{CampaignLive, SchedulerStats};
+use crate::worker::Worker;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The largest request body accepted, in bytes (a campaign change is well under 100).
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// What the API reads of a running worker: its published snapshots.
+#[derive(Clone, Debug)]
+pub struct WorkerView {
+    pub scheduler: watch::Receiver<SchedulerStats>,
+    pub consumer: watch::Receiver<ConsumerStats>,
+}
+
+impl WorkerView {
+    pub fn of(worker: &Worker) -> Self {
+        Self {
+            scheduler: worker.scheduler_stats.clone(),
+            consumer: worker.consumer_stats.clone(),
+        }
+    }
+
+    /// The campaigns the worker holds now (active or waiting for a slot).
+    pub fn campaigns(&self) -> Arc<Vec<CampaignLive>> {
+        self.scheduler.borrow().campaigns.clone()
+    }
+}
+
+/// Everything a handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    admin_token: SecretString,
+    defaults: CampaignDefaults,
+    bootstrap: String,
+    broker_timeout: Duration,
+    worker: Option<WorkerView>,
+    metrics: Option<PrometheusHandle>,
+}
+
+impl AppState {
+    /// `bootstrap` is the broker the readiness check pings (the embedded broker's real
+    /// address when `kafka.brokers = "embedded"`).
+    pub fn new(
+        pool: PgPool,
+        settings: &crate::config::Settings,
+        bootstrap: String,
+        worker: Option<WorkerView>,
+        metrics: Option<PrometheusHandle>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                admin_token: settings.http.admin_token.clone(),
+                defaults: crate::worker::campaign_defaults(settings),
+                bootstrap,
+                broker_timeout: Duration::from_secs(2),
+                worker,
+                metrics,
+            }),
+        }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    pub(crate) fn admin_token(&self) -> Option<&str> {
+        let t = self.inner.admin_token.expose_secret();
+        (!t.is_empty()).then_some(t)
+    }
+
+    pub(crate) fn worker(&self) -> Option<&WorkerView> {
+        self.inner.worker.as_ref()
+    }
+}
+
+/// The whole HTTP surface.
+pub fn router(state: AppState) -> Router {
+    let mutating = Router::new()
+        .route(
+            "/api/campaigns/{id}",
+            axum::routing::put(handlers::put_campaign),
+        )
+        .route("/api/campaigns/{id}/pause", post(handlers::pause))
+        .route("/api/campaigns/{id}/resume", post(handlers::resume))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_admin,
+        ));
+    Router::new()
+        .route("/healthz", get(handlers::healthz))
+        .route("/readyz", get(handlers::readyz))
+        .route("/metrics", get(handlers::metrics))
+        .route("/api/campaigns", get(handlers::list_campaigns))
+        .route("/api/campaigns/{id}", get(handlers::get_campaign))
+        .route("/api/campaigns/{id}/series", get(handlers::series))
+        .route("/api/dead-letters", get(handlers::dead_letters))
+        .merge(mutating)
+        .merge(dashboard::routes())
+        .fallback(handlers::no_route)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Parses a span such as `90s`, `5m`, `2h`, `30d` (a bare number is seconds), as the
+/// API's `last` parameter and the CLI's `--last` and `--older-than` take it.
+pub fn parse_duration(raw: &str) -> Result<chrono::Duration, String> {
+    let s = raw.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: i64 = digits
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a duration such as 90s, 5m, 2h or 30d"))?;
+    let secs_per = match unit.trim() {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        other => return Err(format!("{raw:?}: unknown unit {other:?}; use s, m, h or d")),
+    };
+    n.checked_mul(secs_per)
+        .and_then(chrono::Duration::try_seconds)
+        .ok_or_else(|| format!("{raw:?} is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90").unwrap().num_seconds(), 90);
+        assert_eq!(parse_duration("5m").unwrap().num_seconds(), 300);
+        assert_eq!(parse_duration("2h").unwrap().num_seconds(), 7200);
+        assert_eq!(parse_duration("30d").unwrap().num_seconds(), 30 * 86_400);
+        for bad in ["", "m", "5x", "-5m", "1.5h", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

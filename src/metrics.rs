@@ -1,0 +1,247 @@
+//! Prometheus metrics: the `metrics` facade's recorder, rendered by
+//! metrics-exporter-prometheus (without its own HTTP listener: `GET /metrics` serves it).
+//!
+//! Who emits what:
+//! - the worker, through the facade: `retries_total`, `limiter_wait_seconds`,
+//!   `dead_letters_total{kind}`, `consumer_lag{partition}`, `stats_flush_seconds`;
+//! - [`sample`] (run by [`spawn_sampler`] and at every scrape), from the worker's
+//!   snapshots: `active_campaigns`, `buffered_jobs`, `buffered_devices`,
+//!   `paused_partitions`;
+//! - [`render`], straight from the scheduler's snapshot: `sends_total{campaign,outcome}`.
+//!
+//! Why `sends_total` bypasses the recorder: campaign labels must exist only while the
+//! campaign is held by the worker, and metrics-exporter-prometheus 0.18 cannot drop one
+//! series; its only removal is an idle timeout per metric *kind*, which would also drop
+//! quiet counters such as `retries_total`. Rendering those lines from the snapshot makes
+//! an ended campaign's series vanish at the next scrape, and keeps cardinality bounded
+//! by `worker.max_active_campaigns` plus the waiting ones.
+//!
+//! The recorder is process-global and must be installed before the worker starts: the
+//! worker takes its metric handles when it is built, and handles taken earlier go
+//! nowhere.
+
+use crate::worker::consumer::ConsumerStats;
+use crate::worker::scheduler::SchedulerStats;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Errors installing the recorder.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MetricsError {
+    #[error("installing the Prometheus recorder: {0}")]
+    Install(String),
+}
+
+/// Histogram buckets for the limiter's waits, in seconds (a quantum is 10 ms–1 s).
+const WAIT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+/// Histogram buckets for a stats flush transaction, in seconds.
+const FLUSH_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// How often the exporter's histogram buffers are folded in.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Installs the global recorder once per process and returns its handle; later calls
+/// return the same handle (or the same error, if another recorder was there first).
+pub fn install() -> Result<PrometheusHandle, MetricsError> {
+    static HANDLE: OnceLock<Result<PrometheusHandle, MetricsError>> = OnceLock::new();
+    HANDLE.get_or_init(install_once).clone()
+}
+
+fn install_once() -> Result<PrometheusHandle, MetricsError> {
+    let err = |e: metrics_exporter_prometheus::BuildError| MetricsError::Install(e.to_string());
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full("limiter_wait_seconds".into()), WAIT_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full("stats_flush_seconds".into()), FLUSH_BUCKETS)
+        .map_err(err)?
+        .install_recorder()
+        .map_err(err)?;
+    describe();
+    let upkeep = handle.clone();
+    let spawned = std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || loop {
+            std::thread::sleep(UPKEEP_EVERY);
+            upkeep.run_upkeep();
+        });
+    if let Err(e) = spawned {
+        // Rendering still works; only histogram memory would grow between scrapes.
+        tracing::warn!(error = %e, "cannot start the metrics upkeep thread");
+    }
+    Ok(handle)
+}
+
+/// HELP texts, and zero values so that every series exists before its first event.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "retries_total",
+        "Sends retried (429, 5xx, timeouts, connection errors)"
+    );
+    describe_histogram!(
+        "limiter_wait_seconds",
+        Unit::Seconds,
+        "How long a campaign's limiter asked it to wait for its next permit"
+    );
+    describe_counter!(
+        "dead_letters_total",
+        "Messages and devices dead-lettered, by kind"
+    );
+    describe_gauge!(
+        "consumer_lag",
+        "Messages behind the partition's end, per partition"
+    );
+    describe_histogram!(
+        "stats_flush_seconds",
+        Unit::Seconds,
+        "Duration of one stats flush transaction"
+    );
+    describe_gauge!(
+        "active_campaigns",
+        "Campaigns holding a slot in the scheduler"
+    );
+    describe_gauge!("buffered_jobs", "Jobs consumed and not yet finished");
+    describe_gauge!(
+        "buffered_devices",
+        "Devices of buffered jobs not yet finished"
+    );
+    describe_gauge!("paused_partitions", "Partitions paused by backpressure");
+    metrics::counter!("retries_total").increment(0);
+    for kind in [
+        crate::store::DeadLetterKind::MalformedJob,
+        crate::store::DeadLetterKind::InvalidJob,
+        crate::store::DeadLetterKind::Undeliverable,
+    ] {
+        metrics::counter!("dead_letters_total", "kind" => kind.as_str()).increment(0);
+    }
+    for name in [
+        "active_campaigns",
+        "buffered_jobs",
+        "buffered_devices",
+        "paused_partitions",
+    ] {
+        metrics::gauge!(name).set(0.0);
+    }
+}
+
+/// Sets the gauges from the worker's snapshots.
+pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
+    metrics::gauge!("active_campaigns").set(scheduler.active_campaigns as f64);
+    metrics::gauge!("buffered_jobs").set(consumer.buffered_jobs as f64);
+    metrics::gauge!("buffered_devices").set(consumer.buffered_devices as f64);
+    metrics::gauge!("paused_partitions").set(consumer.paused_partitions.len() as f64);
+}
+
+/// Samples on every snapshot the worker publishes (at most every 250 ms) until `stop`
+/// turns true or the worker is gone.
+pub fn spawn_sampler(
+    mut scheduler: watch::Receiver<SchedulerStats>,
+    mut consumer: watch::Receiver<ConsumerStats>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            {
+                let s = scheduler.borrow_and_update();
+                let c = consumer.borrow_and_update();
+                sample(&s, &c);
+            }
+            tokio::select! {
+                r = scheduler.changed() => if r.is_err() { return },
+                r = consumer.changed() => if r.is_err() { return },
+                r = stop.changed() => if r.is_err() || *stop.borrow() { return },
+            }
+        }
+    })
+}
+
+/// The exposition text: the recorder's metrics (when installed), then `sends_total` for
+/// the campaigns the worker holds (when there is a worker).
+pub fn render(
+    handle: Option<&PrometheusHandle>,
+    worker: Option<(&SchedulerStats, &ConsumerStats)>,
+) -> String {
+    if let Some((s, c)) = worker {
+        sample(s, c);
+    }
+    let mut out = handle.map(PrometheusHandle::render).unwrap_or_default();
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    render_sends(&mut out, worker.map(|(s, _)| s));
+    out
+}
+
+/// Appends the `sends_total` family: one series per held campaign and outcome.
+pub fn render_sends(out: &mut String, scheduler: Option<&SchedulerStats>) {
+    out.push_str("# HELP sends_total Sends by campaign and outcome, since the worker took the campaign up (series exist only for campaigns the worker holds)\n");
+    out.push_str("# TYPE sends_total counter\n");
+    let Some(s) = scheduler else { return };
+    for c in s.campaigns.iter() {
+        for (outcome, n) in [("sent", c.sent), ("failed", c.failed)] {
+            out.push_str("sends_total{campaign=\"");
+            escape_label(out, &c.id);
+            let _ = writeln!(out, "\",outcome=\"{outcome}\"}} {n}");
+        }
+    }
+}
+
+/// Escapes a label value as the text format requires: `\`, `"` and newlines.
+fn escape_label(out: &mut String, value: &str) {
+    for ch in value.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+    use crate::worker::scheduler::CampaignLive;
+    use std::sync::Arc;
+
+    fn live(id: &str, sent: u64, failed: u64) -> CampaignLive {
+        CampaignLive {
+            id: Arc::from(id),
+            rate: 10.0,
+            algorithm: Algorithm::Gcra,
+            paused: false,
+            active: true,
+            sent,
+            failed,
+            retried: 0,
+            in_flight: 0,
+            open_jobs: 1,
+        }
+    }
+
+    #[test]
+    fn sends_follow_the_held_campaigns_and_escape_labels() {
+        let mut stats = SchedulerStats {
+            campaigns: Arc::new(vec![live("a", 5, 1), live("we\"ird\\id\n", 2, 0)]),
+            ..SchedulerStats::default()
+        };
+        let mut out = String::new();
+        render_sends(&mut out, Some(&stats));
+        assert!(out.contains("sends_total{campaign=\"a\",outcome=\"sent\"} 5\n"));
+        assert!(out.contains("sends_total{campaign=\"a\",outcome=\"failed\"} 1\n"));
+        assert!(out.contains("sends_total{campaign=\"we\\\"ird\\\\id\\n\",outcome=\"sent\"} 2\n"));
+        // The campaign ended: its series are gone.
+        stats.campaigns = Arc::new(vec![live("we\"ird\\id\n", 3, 0)]);
+        let mut out = String::new();
+        render_sends(&mut out, Some(&stats));
+        assert!(!out.contains("campaign=\"a\""), "{out}");
+        assert!(out.contains("# TYPE sends_total counter\n"));
+    }
+}
