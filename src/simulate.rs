@@ -160,7 +160,7 @@ fn parse_duration(s: &str) -> Option<Nanos> {
         _ => return None,
     };
     let nanos = value * scale;
-    (nanos.is_finite() && nanos >= 0.0 && nanos < 1e18).then(|| nanos.round() as Nanos)
+    (0.0..1e18).contains(&nanos).then(|| nanos.round() as Nanos)
 }
 
 fn fmt_duration(n: Nanos) -> String {
@@ -396,6 +396,17 @@ pub fn table(report: &Report, stalls: &[Stall]) -> String {
     out
 }
 
+/// Distinct, dark enough to read on white.
+const COLOURS: [plotters::style::RGBColor; 7] = [
+    plotters::style::RGBColor(31, 119, 180),
+    plotters::style::RGBColor(214, 39, 40),
+    plotters::style::RGBColor(44, 160, 44),
+    plotters::style::RGBColor(148, 103, 189),
+    plotters::style::RGBColor(255, 127, 14),
+    plotters::style::RGBColor(140, 86, 75),
+    plotters::style::RGBColor(23, 190, 207),
+];
+
 /// One panel per algorithm: its sends per 100 ms over time as a step line, with the
 /// send_rate per 100 ms as a dashed horizontal line.
 pub fn render_svg(report: &Report, title: &str) -> Result<String, SimulateError> {
@@ -424,25 +435,27 @@ pub fn render_svg(report: &Report, title: &str) -> Result<String, SimulateError>
     {
         let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| svg_err(&e))?;
+        let caption = format!("{title}: sends per 100 ms over time (dashed: send_rate)");
         let root = root
-            .titled(title, ("sans-serif", 18))
+            .titled(&caption, ("sans-serif", 16))
             .map_err(|e| svg_err(&e))?;
         let areas = root.split_evenly((panels, 1));
         for (i, (area, a)) in areas.iter().zip(&report.algorithms).enumerate() {
-            let colour = Palette99::pick(i).to_rgba();
+            let colour = COLOURS[i % COLOURS.len()];
             let mut chart = ChartBuilder::on(area)
                 .caption(&a.name, ("sans-serif", 14))
                 .margin(6)
-                .x_label_area_size(22)
-                .y_label_area_size(48)
+                .margin_right(24)
+                .x_label_area_size(20)
+                .y_label_area_size(44)
                 .build_cartesian_2d(0f64..x_max, 0f64..y_max)
                 .map_err(|e| svg_err(&e))?;
             chart
                 .configure_mesh()
-                .x_desc("time, s")
-                .y_desc("sends / 100 ms")
-                .x_labels(12)
+                .x_labels((x_max.ceil() as usize + 1).min(30))
+                .x_label_formatter(&|v| format!("{v:.0} s"))
                 .y_labels(4)
+                .y_label_formatter(&|v| format!("{v:.0}"))
                 .max_light_lines(0)
                 .draw()
                 .map_err(|e| svg_err(&e))?;

@@ -9,7 +9,8 @@
 //! counted by its `Idempotency-Key`).
 //!
 //! Recording takes a mutex per request: this is test tooling, not the hot path. Memory
-//! grows with every request (about 150 bytes each), so long soaks should restart it.
+//! grows with every request recorded, so a long soak should use a fresh sink per phase
+//! or call [`SinkHandle::clear`].
 //!
 //! A sink run as its own process ([`serve_until`]) is inspected and steered over HTTP:
 //! `GET /_sink/stats` returns the [`SinkSummary`] as JSON, and `PUT /_sink/behaviour`

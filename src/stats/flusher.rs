@@ -353,7 +353,9 @@ impl Flusher {
             let Some(batch) = state.inflight.as_ref() else {
                 break;
             };
+            let started = std::time::Instant::now();
             let result = self.write_batch(batch, &mut report).await;
+            metrics::histogram!("stats_flush_seconds").record(started.elapsed().as_secs_f64());
             match result {
                 Ok(()) => {
                     if let Some(batch) = state.inflight.take() {

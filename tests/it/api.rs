@@ -968,6 +968,7 @@ async fn metrics_parse_and_count_the_sends_of_a_real_worker() {
         ("retries_total", "counter"),
         ("dead_letters_total", "counter"),
         ("limiter_wait_seconds", "histogram"),
+        ("stats_flush_seconds", "histogram"),
         ("active_campaigns", "gauge"),
         ("buffered_jobs", "gauge"),
         ("buffered_devices", "gauge"),
@@ -1002,6 +1003,7 @@ async fn metrics_parse_and_count_the_sends_of_a_real_worker() {
     assert_eq!(value("paused_partitions"), 0.0);
     assert_eq!(value("retries_total"), 0.0, "the null sender never fails");
     assert!(value("limiter_wait_seconds_count") > 0.0);
+    assert!(value("stats_flush_seconds_count") > 0.0);
     let buckets: Vec<&Sample> = samples
         .iter()
         .filter(|s| s.name == "limiter_wait_seconds_bucket")

@@ -107,10 +107,3 @@ async fn migrate_creates_a_fresh_database_and_is_idempotent() {
         "every migration applied exactly once"
     );
 }
-
-#[test]
-fn commands_not_built_yet_say_so() {
-    let (ok, _, err) = run(pushpace_bin().args(["campaign"]));
-    assert!(!ok);
-    assert!(err.contains("not available yet"), "{err}");
-}

@@ -200,3 +200,268 @@ async fn paced_rate_change_in_the_table_reaches_the_sink_within_a_second() {
     );
     assert_eq!(run.sink.summary().distinct_delivered, run.total());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_global_rate_is_shared_max_min_fairly() {
+    let _serial = pacing_lock().await;
+    // 10 campaigns asking 500/s each under a 1000/s global cap: 100/s each.
+    let campaigns: Vec<(f64, usize)> = (0..10).map(|_| (500.0, 2000)).collect();
+    let mut run = start(
+        &campaigns,
+        Some(Algorithm::Gcra),
+        &[("limiter.global_rate", "1000".to_string())],
+    )
+    .await;
+    // Measure a 4 s window once every campaign is going.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let from = run.sink.arrivals().iter().map(|a| a.at).max().unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let to = from + Duration::from_secs(4);
+    let arrivals = run.sink.arrivals();
+    run.stop().await;
+    let mut total = 0;
+    for c in &run.plan.campaigns {
+        let n = arrivals
+            .iter()
+            .filter(|a| *a.campaign_id == *c.id && a.at >= from && a.at < to)
+            .count();
+        total += n;
+        let rate = n as f64 / 4.0;
+        assert!(
+            (95.0..=105.0).contains(&rate),
+            "{}: {rate}/s, expected 100/s ± 5%",
+            c.id
+        );
+    }
+    assert!(
+        total as f64 / 4.0 <= 1000.0 * 1.02 + 1.0,
+        "global cap exceeded: {total} in 4 s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_messages_are_dead_lettered_and_valid_jobs_around_them_delivered() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(2).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
+        .create()
+        .unwrap();
+    let campaign = unique_name("bad").replace('_', "-");
+    let valid = |i: usize| {
+        format!(
+            r#"{{"job_id":"{campaign}-j{i}","campaign_id":"{campaign}","send_rate":1000,"devices":["d{i}a","d{i}b"],"payload":{{"t":1}}}}"#
+        )
+        .into_bytes()
+    };
+    let bad: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("not json", b"{not json".to_vec(), "malformed_job"),
+        ("invalid utf-8", vec![0xff, 0xfe, 0x7b], "malformed_job"),
+        ("no devices", format!(r#"{{"job_id":"x1","campaign_id":"{campaign}","devices":[],"payload":{{}}}}"#).into_bytes(), "invalid_job"),
+        ("zero rate", format!(r#"{{"job_id":"x2","campaign_id":"{campaign}","send_rate":0,"devices":["a"],"payload":{{}}}}"#).into_bytes(), "invalid_job"),
+        ("sql in id", format!(r#"{{"job_id":"x'; DROP TABLE campaigns;--","campaign_id":"{campaign}","devices":["a"],"payload":{{}}}}"#).into_bytes(), "invalid_job"),
+        ("2 MiB", vec![b' '; 2 * 1024 * 1024], "malformed_job"),
+    ];
+    let mut expected_valid = 0;
+    for (i, (_, value, _)) in bad.iter().enumerate() {
+        for v in [valid(2 * i), value.clone(), valid(2 * i + 1)] {
+            producer
+                .send(
+                    FutureRecord::to(&topic).key(&campaign).payload(&v),
+                    Duration::from_secs(30),
+                )
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+        expected_valid += 2;
+    }
+    let settings = test_settings(&[
+        ("kafka.brokers", brokers()),
+        ("kafka.topic", topic.clone()),
+        ("kafka.group_id", unique_name("g")),
+        ("database.url", db_url),
+        ("sender.url", sink.url()),
+    ]);
+    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
+    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(60);
+    while sink.summary().distinct_delivered < expected_valid * 2 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    worker.shutdown().await.unwrap();
+    assert_eq!(
+        sink.summary().distinct_delivered,
+        expected_valid * 2,
+        "every valid job delivered"
+    );
+    let letters = pushpace::store::dead_letters::list(&pool, None, None, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        letters.len(),
+        bad.len(),
+        "one dead letter per bad message: {letters:#?}"
+    );
+    for (name, _, kind) in &bad {
+        assert!(
+            letters
+                .iter()
+                .any(|l| l.kind.as_str() == *kind && !l.reason.is_empty()),
+            "{name}: no {kind} dead letter"
+        );
+    }
+    assert!(
+        letters.iter().any(|l| l.reason.contains("devices")),
+        "reason names the field"
+    );
+    assert!(
+        letters.iter().any(|l| l.reason.contains("send_rate")),
+        "reason names the field"
+    );
+    // The SQL meta-characters were stored as data, and the table is still there.
+    let campaigns: i64 = sqlx::query_scalar("SELECT count(*) FROM campaigns")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(campaigns, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_provider_trouble_loses_nothing_and_keeps_the_rate() {
+    use pushpace::sink::{Behaviour, RetryAfter};
+    let _serial = pacing_lock().await;
+    let rate = 200.0;
+    let mut run = start(
+        &[(rate, 1600)],
+        Some(Algorithm::Gcra),
+        &[("sender.retry_base_ms", "50".into())],
+    )
+    .await;
+    let id = run.plan.campaigns[0].id.clone();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    run.sink.set_behaviour(Behaviour::TooManyRequests {
+        retry_after: Some(RetryAfter::Seconds(1)),
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    run.sink.set_behaviour(Behaviour::ServerError);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    run.sink.set_behaviour(Behaviour::Normal);
+    run.wait_all_delivered(Duration::from_secs(60)).await;
+    run.stop().await;
+    let s = run.sink.campaign(&id).unwrap();
+    assert_eq!(s.distinct_delivered, run.total(), "nothing lost");
+    assert!(s.requests > s.delivered, "the trouble caused retries");
+    // Retries count against the rate: every request, whatever its answer.
+    let max_1s = run.sink.max_in_window(&id, Duration::from_secs(1));
+    let bound = (rate * 1.02).floor() as u64 + 1;
+    assert!(
+        max_1s <= bound,
+        "{max_1s} requests in a 1 s window > {bound}"
+    );
+    let retried: i64 = sqlx::query_scalar(
+        "SELECT sum(retried)::bigint FROM delivery_seconds WHERE campaign_id = $1",
+    )
+    .bind(&id)
+    .fetch_one(&run.pool)
+    .await
+    .unwrap();
+    assert_eq!(retried as u64, s.requests - s.delivered, "retries recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_backpressure_pauses_a_slow_partition_while_others_run() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let _serial = pacing_lock().await;
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(2).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
+        .create()
+        .unwrap();
+    let slow = unique_name("slow").replace('_', "-");
+    let fast = unique_name("fast").replace('_', "-");
+    let job = |c: &str, rate: u32, i: usize, n: usize| {
+        let devices: Vec<String> = (0..n).map(|d| format!("\"{c}-{i}-{d}\"")).collect();
+        format!(
+            r#"{{"job_id":"{c}-j{i}","campaign_id":"{c}","send_rate":{rate},"devices":[{}],"payload":{{}}}}"#,
+            devices.join(",")
+        )
+    };
+    // 200,000 devices behind a 5/s campaign on partition 0.
+    for i in 0..400 {
+        let v = job(&slow, 5, i, 500);
+        producer
+            .send(
+                FutureRecord::to(&topic).partition(0).key(&slow).payload(&v),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    for i in 0..10 {
+        let v = job(&fast, 1000, i, 300);
+        producer
+            .send(
+                FutureRecord::to(&topic).partition(1).key(&fast).payload(&v),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    let settings = test_settings(&[
+        ("kafka.brokers", brokers()),
+        ("kafka.topic", topic.clone()),
+        ("kafka.group_id", unique_name("g")),
+        ("database.url", db_url),
+        ("sender.url", sink.url()),
+        ("worker.max_buffered_devices", "10000".into()),
+        ("worker.max_buffered_jobs", "100".into()),
+    ]);
+    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
+    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(40);
+    let mut max_buffered = 0;
+    let mut saw_paused = false;
+    while Instant::now() < end {
+        let cs = worker.consumer_stats.borrow().clone();
+        max_buffered = max_buffered.max(cs.buffered_devices);
+        saw_paused |= cs.paused_partitions == vec![0];
+        if sink
+            .campaign(&fast)
+            .is_some_and(|c| c.distinct_delivered == 3000)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.shutdown().await.unwrap();
+    let f = sink.campaign(&fast).expect("fast campaign ran");
+    assert_eq!(
+        f.distinct_delivered, 3000,
+        "the fast campaign finished meanwhile"
+    );
+    assert!(
+        f.mean_rate >= 0.97 * 1000.0,
+        "fast campaign ran near full rate: {}",
+        f.mean_rate
+    );
+    assert!(saw_paused, "the slow campaign's partition was paused");
+    // The bound is per partition: half of 10,000 devices, plus the job that crossed it.
+    assert!(
+        max_buffered <= 10_000 + 500,
+        "buffered devices reached {max_buffered}"
+    );
+    let slow_sent = sink.campaign(&slow).map_or(0, |c| c.delivered);
+    assert!(
+        slow_sent < 1000,
+        "the slow campaign kept its pace ({slow_sent} sent)"
+    );
+}
