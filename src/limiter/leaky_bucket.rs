@@ -82,7 +82,7 @@ impl RateLimiter for LeakyBucket {
                 .saturating_add(st.interval.saturating_mul(u64::from(n)));
             Decision::Allow
         } else {
-            Decision::WaitUntil(st.last + ceil_ns(st.water - room))
+            Decision::WaitUntil(st.last.saturating_add(ceil_ns(st.water - room)))
         }
     }
 
@@ -98,7 +98,8 @@ impl RateLimiter for LeakyBucket {
             .saturating_add(t.saturating_mul(u64::from(granted)));
         let next_at = (granted < max).then(|| {
             let room = capacity - t; // t ≤ capacity since burst + 1 ≥ 1
-            st.last + ceil_ns(st.water.saturating_sub(room))
+            st.last
+                .saturating_add(ceil_ns(st.water.saturating_sub(room)))
         });
         Grant { granted, next_at }
     }

@@ -67,7 +67,8 @@ pub trait RateLimiter: Send + Sync {
 
     /// Changes the rate of a live limiter. The new rate holds from `now`; it never
     /// releases more than the configured burst, and lowering the rate never stalls the
-    /// limiter for longer than one new interval.
+    /// limiter for longer than one new interval (one new window for the window-counting
+    /// algorithms, whose natural step is a window).
     fn set_rate(&self, rate: Rate, now: Nanos);
 
     /// The current rate.

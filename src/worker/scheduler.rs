@@ -167,6 +167,8 @@ struct Campaign {
     next_at: Option<Nanos>,
     counter: CampaignCounter,
     active: bool,
+    /// The limiter's rate: send_rate, or the fair share under a global cap.
+    effective_rate: Rate,
     sent: u64,
     failed: u64,
     retried: u64,
@@ -228,6 +230,8 @@ pub struct Scheduler {
     counters: SchedulerStats,
     retries_total: metrics::Counter,
     limiter_wait: metrics::Histogram,
+    /// The latest `now` seen, for rate changes made outside a call that carries one.
+    now_hint: Nanos,
 }
 
 impl Scheduler {
@@ -265,6 +269,7 @@ impl Scheduler {
             counters: SchedulerStats::default(),
             retries_total: metrics::counter!("retries_total"),
             limiter_wait: metrics::histogram!("limiter_wait_seconds"),
+            now_hint: 0,
         }
     }
 
@@ -298,8 +303,8 @@ impl Scheduler {
         }
     }
 
-    fn build_limiter(&self, s: &CampaignSettings) -> DynLimiter {
-        let inner = limiter::build(s.algorithm, s.rate, s.burst);
+    fn build_limiter(&self, s: &CampaignSettings, rate: Rate) -> DynLimiter {
+        let inner = limiter::build(s.algorithm, rate, s.burst);
         match &self.global {
             Some(g) => Arc::new(g.campaign_with(inner, s.burst)),
             None => inner,
@@ -308,6 +313,7 @@ impl Scheduler {
 
     /// Applies settings from the store (rate change, pause, algorithm change).
     pub fn apply_settings(&mut self, s: CampaignSettings, now: Nanos) {
+        self.now_hint = self.now_hint.max(now);
         self.known.insert(s.id.clone(), s.clone());
         let Some(&slot) = self.by_id.get(&s.id) else {
             return;
@@ -318,19 +324,62 @@ impl Scheduler {
                 .expect("indexed campaign");
             c.settings.algorithm != s.algorithm || c.settings.burst != s.burst
         };
-        let limiter = rebuild.then(|| self.build_limiter(&s));
+        let effective = self.campaigns[slot as usize]
+            .as_ref()
+            .map_or(s.rate, |c| c.effective_rate);
+        let limiter = rebuild.then(|| self.build_limiter(&s, effective));
         let c = self.campaigns[slot as usize]
             .as_mut()
             .expect("indexed campaign");
-        match limiter {
-            Some(l) => c.limiter = l,
-            // set_rate keeps the limiter's state, so a change never releases a burst.
-            None if c.settings.rate != s.rate => c.limiter.set_rate(s.rate, now),
-            None => {}
+        if let Some(l) = limiter {
+            c.limiter = l;
         }
         c.next_at = None;
         tracing::info!(campaign = %s.id, rate = %s.rate, algorithm = %s.algorithm, paused = s.paused, "campaign settings applied");
         c.settings = s;
+        // The new rate (or pause) changes everyone's fair share under a global cap.
+        self.rebalance(now);
+    }
+
+    /// Sets each campaign's effective rate: its own send_rate, or, under a global cap,
+    /// its max-min fair share (water-filling: campaigns asking less than an equal split
+    /// get what they ask; the rest share what is left equally). Rates change through
+    /// `set_rate`, so a change never releases a burst.
+    fn rebalance(&mut self, now: Nanos) {
+        let mut wanted: Vec<(f64, u32)> = self
+            .active
+            .iter()
+            .filter_map(|&slot| {
+                let c = self.campaigns[slot as usize].as_ref()?;
+                (!c.settings.paused).then(|| (c.settings.rate.as_f64(), slot))
+            })
+            .collect();
+        let mut shares: HashMap<u32, f64> = HashMap::new();
+        if let Some(g) = &self.global {
+            wanted.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut left = g.global_rate().as_f64();
+            let n = wanted.len();
+            for (k, (rate, slot)) in wanted.iter().enumerate() {
+                let fair = left / (n - k) as f64;
+                let share = rate.min(fair);
+                left -= share;
+                shares.insert(*slot, share);
+            }
+        }
+        for slot in 0..self.campaigns.len() as u32 {
+            let Some(c) = self.campaigns[slot as usize].as_mut() else {
+                continue;
+            };
+            let target = shares
+                .get(&slot)
+                .and_then(|r| Rate::per_second(*r).ok())
+                .unwrap_or(c.settings.rate);
+            if target != c.effective_rate {
+                c.limiter.set_rate(target, now);
+                c.effective_rate = target;
+                c.next_at = None;
+            }
+        }
     }
 
     /// Takes a job from the consumer.
@@ -342,6 +391,7 @@ impl Scheduler {
             already_done,
             settings,
         } = incoming;
+        self.now_hint = self.now_hint.max(now);
         let total = job.devices.len() as u32;
         let campaign_id: Arc<str> = Arc::from(job.campaign_id.as_str());
         let settings = self.known.get(&campaign_id).cloned().unwrap_or(settings);
@@ -410,8 +460,9 @@ impl Scheduler {
         if let Some(&s) = self.by_id.get(&settings.id) {
             return s;
         }
-        let limiter = self.build_limiter(&settings);
+        let limiter = self.build_limiter(&settings, settings.rate);
         let counter = self.stats.campaign(&settings.id);
+        let effective_rate = settings.rate;
         let id = settings.id.clone();
         let c = Campaign {
             settings,
@@ -423,6 +474,7 @@ impl Scheduler {
             next_at: None,
             counter,
             active: false,
+            effective_rate,
             sent: 0,
             failed: 0,
             retried: 0,
@@ -449,6 +501,7 @@ impl Scheduler {
         self.active.push(slot);
         self.counters.max_active_seen = self.counters.max_active_seen.max(self.active.len());
         tracing::info!(campaign = %c.settings.id, active = self.active.len(), "campaign active");
+        self.rebalance(self.now_hint);
     }
 
     /// Deactivates and forgets a campaign with no open jobs; admits a waiting one.
@@ -471,6 +524,7 @@ impl Scheduler {
                 None => break,
             }
         }
+        self.rebalance(self.now_hint);
     }
 
     /// The round's quantum: short when rates are high, long when they are low. It aims at
@@ -493,6 +547,7 @@ impl Scheduler {
     /// something to do (a limiter's next permit or a retry falling due), if sooner than
     /// the next round.
     pub fn run_round(&mut self, now: Nanos, unix_sec: u64) -> Option<Nanos> {
+        self.now_hint = self.now_hint.max(now);
         let n = self.active.len();
         // The flusher holds too many unwritten rows (database down): pause, never drop.
         if n == 0 || self.draining || self.stats.backpressure() {
@@ -538,7 +593,10 @@ impl Scheduler {
                 }
             }
         }
-        let room = share.saturating_sub(c.in_flight).min(room_total);
+        // Its share of max_in_flight, or more while half the pool sits idle: the share
+        // only has to stop one slow campaign from starving the others.
+        let cap = share.max(room_total / 2);
+        let room = cap.saturating_sub(c.in_flight).min(room_total);
         let want = (ready_retries + undispatched).min(room);
         let mut wake = c
             .retries
