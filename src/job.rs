@@ -372,7 +372,58 @@ fn check_payload(payload: &RawValue) -> Result<(), JobError> {
             ),
         ));
     }
+    // The raw scan that found the payload's end does not decode string escapes, so a
+    // lone UTF-16 surrogate (`"\ud83d"`) would pass and then be refused by the provider.
+    // Decode every string once here, so what is forwarded is JSON any strict parser takes.
+    if let Err(e) = serde_json::from_str::<StrictJson>(raw) {
+        return Err(JobError::field_problem(
+            "payload",
+            format!("is not JSON that every parser accepts: {e} (within the payload)"),
+        ));
+    }
     Ok(())
+}
+
+/// Any JSON value, fully decoded (strings and their escapes included) and then dropped.
+struct StrictJson;
+
+impl<'de> Deserialize<'de> for StrictJson {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StrictJson;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<StrictJson, E> {
+                Ok(StrictJson)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<StrictJson, E> {
+                Ok(StrictJson)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<StrictJson, E> {
+                Ok(StrictJson)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<StrictJson, E> {
+                Ok(StrictJson)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<StrictJson, E> {
+                Ok(StrictJson)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<StrictJson, E> {
+                Ok(StrictJson)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StrictJson, A::Error> {
+                while seq.next_element::<StrictJson>()?.is_some() {}
+                Ok(StrictJson)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StrictJson, A::Error> {
+                while map.next_entry::<StrictJson, StrictJson>()?.is_some() {}
+                Ok(StrictJson)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 fn rate_problem(e: &RateError) -> String {

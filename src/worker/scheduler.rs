@@ -232,6 +232,9 @@ pub struct Scheduler {
     limiter_wait: metrics::Histogram,
     /// The latest `now` seen, for rate changes made outside a call that carries one.
     now_hint: Nanos,
+    in_round: bool,
+    /// Campaigns that went idle during a round (capacity kept between rounds).
+    deferred_release: Vec<u32>,
 }
 
 impl Scheduler {
@@ -270,6 +273,8 @@ impl Scheduler {
             retries_total: metrics::counter!("retries_total"),
             limiter_wait: metrics::histogram!("limiter_wait_seconds"),
             now_hint: 0,
+            in_round: false,
+            deferred_release: Vec::new(),
         }
     }
 
@@ -506,6 +511,12 @@ impl Scheduler {
 
     /// Deactivates and forgets a campaign with no open jobs; admits a waiting one.
     fn release_campaign_if_idle(&mut self, slot: u32) {
+        if self.in_round {
+            if !self.deferred_release.contains(&slot) {
+                self.deferred_release.push(slot);
+            }
+            return;
+        }
         let idle = self.campaigns[slot as usize]
             .as_ref()
             .is_some_and(|c| !c.has_work() && c.in_flight == 0);
@@ -557,12 +568,18 @@ impl Scheduler {
         let mut next_wake: Option<Nanos> = None;
         let start = self.rotate % n;
         self.rotate = self.rotate.wrapping_add(1);
-        // Campaigns that go idle in this round are released after it.
+        // Campaigns that go idle in this round are released after it, so that the
+        // active list does not change under the loop.
+        self.in_round = true;
         for k in 0..n {
             let slot = self.active[(start + k) % n];
             if let Some(t) = self.turn(slot, share, now, unix_sec) {
                 next_wake = Some(next_wake.map_or(t, |w: Nanos| w.min(t)));
             }
+        }
+        self.in_round = false;
+        while let Some(slot) = self.deferred_release.pop() {
+            self.release_campaign_if_idle(slot);
         }
         next_wake
     }

@@ -1,0 +1,175 @@
+//! The scheduler's hot path: 100 campaigns, null sender, manual clock.
+//!
+//! Measures paced sends per second on one core (decide with the limiter, send, count),
+//! and counts heap allocations per send with a counting global allocator. Baseline in
+//! the same run: the same decide-send-count loop through a naive `Mutex<HashMap>` of
+//! token buckets (one global lock, as a simple implementation would have).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use pushpace::job::Job;
+use pushpace::limiter::{Algorithm, Nanos, Rate};
+use pushpace::sender::{AnySender, NullSender};
+use pushpace::stats::StatsRecorder;
+use pushpace::worker::scheduler::{CampaignSettings, IncomingJob, Scheduler, SchedulerConfig};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+struct Counting;
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+}
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const CAMPAIGNS: usize = 100;
+const DEVICES: usize = 10_000;
+const RATE: f64 = 100_000.0;
+const ROUND: Nanos = 1_000_000; // 1 ms of virtual time per round
+
+fn scheduler() -> (
+    Scheduler,
+    std::sync::mpsc::Receiver<pushpace::worker::scheduler::Event>,
+) {
+    let (ctx, _crx) = tokio::sync::mpsc::unbounded_channel();
+    let (etx, erx) = std::sync::mpsc::channel();
+    std::mem::forget(_crx);
+    let s = Scheduler::new(
+        SchedulerConfig {
+            max_active_campaigns: CAMPAIGNS,
+            quantum_min: Duration::from_millis(10),
+            quantum_max: Duration::from_millis(1000),
+            max_in_flight: 1_000_000,
+            max_attempts: 5,
+            retry_base: Duration::from_millis(100),
+            retry_max: Duration::from_secs(10),
+            global_rate: None,
+        },
+        AnySender::Null(NullSender),
+        StatsRecorder::new(),
+        ctx,
+        etx,
+    );
+    (s, erx)
+}
+
+fn load(s: &mut Scheduler, round: usize) {
+    let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
+    for c in 0..CAMPAIGNS {
+        let devices = (0..DEVICES).map(|d| format!("dev-{d}")).collect();
+        let job = Job::new(
+            format!("j{round}-{c}"),
+            format!("c{c}"),
+            devices,
+            payload.clone(),
+        )
+        .unwrap();
+        s.add_job(
+            IncomingJob {
+                job: Arc::new(job),
+                partition: (c % 8) as i32,
+                offset: round as i64,
+                already_done: 0,
+                settings: CampaignSettings {
+                    id: Arc::from(format!("c{c}").as_str()),
+                    rate: Rate::per_second(RATE).unwrap(),
+                    algorithm: Algorithm::Gcra,
+                    burst: 0,
+                    paused: false,
+                },
+            },
+            0,
+        );
+    }
+}
+
+/// Runs rounds until `sends` sends were made; returns (elapsed, allocations during rounds).
+fn paced(sends: u64) -> (Duration, u64, u64) {
+    let (mut s, events) = scheduler();
+    let mut now: Nanos = 0;
+    let mut loaded = 0;
+    let mut elapsed = Duration::ZERO;
+    let mut allocs = 0;
+    while s.stats().sends < sends {
+        if s.stats().open_jobs == 0 {
+            load(&mut s, loaded);
+            loaded += 1;
+            while events.try_recv().is_ok() {}
+        }
+        now += ROUND;
+        let a0 = ALLOCS.load(Ordering::Relaxed);
+        let t0 = Instant::now();
+        s.run_round(now, 1_700_000_000 + now / 1_000_000_000);
+        elapsed += t0.elapsed();
+        allocs += ALLOCS.load(Ordering::Relaxed) - a0;
+    }
+    (elapsed, allocs, s.stats().sends)
+}
+
+/// The naive baseline: one global Mutex<HashMap<campaign, token bucket>>.
+fn naive(sends: u64) -> Duration {
+    let buckets: Mutex<HashMap<usize, (f64, Nanos)>> =
+        Mutex::new((0..CAMPAIGNS).map(|c| (c, (0.0, 0))).collect());
+    let counts: Mutex<HashMap<usize, u64>> = Mutex::new(HashMap::new());
+    let per_ns = RATE / 1e9;
+    let mut now: Nanos = 0;
+    let mut done = 0u64;
+    let t0 = Instant::now();
+    while done < sends {
+        now += ROUND;
+        for c in 0..CAMPAIGNS {
+            loop {
+                let ok = {
+                    let mut b = buckets.lock().unwrap();
+                    let e = b.get_mut(&c).unwrap();
+                    e.0 = (e.0 + (now - e.1) as f64 * per_ns).min(1.0 + RATE * 0.01);
+                    e.1 = now;
+                    if e.0 >= 1.0 {
+                        e.0 -= 1.0;
+                        true
+                    } else {
+                        false
+                    }
+                };
+                if !ok {
+                    break;
+                }
+                *counts.lock().unwrap().entry(c).or_default() += 1;
+                done += 1;
+            }
+        }
+    }
+    t0.elapsed()
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scheduler_100_campaigns");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("pushpace_round_per_send", |b| {
+        b.iter_custom(|iters| paced(iters.max(1)).0)
+    });
+    g.bench_function("naive_mutex_hashmap_per_send", |b| {
+        b.iter_custom(|iters| naive(iters.max(1)))
+    });
+    g.finish();
+    let (elapsed, allocs, sends) = paced(5_000_000);
+    println!(
+        "scheduler: {sends} paced sends in {:.3} s = {:.0} sends/s on one core; {} allocations in rounds ({:.6} per send)",
+        elapsed.as_secs_f64(),
+        sends as f64 / elapsed.as_secs_f64(),
+        allocs,
+        allocs as f64 / sends as f64
+    );
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
