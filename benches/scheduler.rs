@@ -53,6 +53,7 @@ fn scheduler() -> (
             retry_base: Duration::from_millis(100),
             retry_max: Duration::from_secs(10),
             global_rate: None,
+            limiters: std::sync::Arc::new(pushpace::worker::scheduler::LocalLimiters),
         },
         AnySender::Null(NullSender),
         StatsRecorder::new(),
@@ -161,6 +162,9 @@ fn bench(c: &mut Criterion) {
         b.iter_custom(|iters| naive(iters.max(1)))
     });
     g.finish();
+    if !std::env::args().any(|a| a == "--bench") {
+        return; // `cargo test --benches`: a smoke run only.
+    }
     let (elapsed, allocs, sends) = paced(5_000_000);
     println!(
         "scheduler: {sends} paced sends in {:.3} s = {:.0} sends/s on one core; {} allocations in rounds ({:.6} per send)",

@@ -11,7 +11,9 @@ export PUSHPACE_TANSU_BIN=${PUSHPACE_TANSU_BIN:-${PUSHPACE_TOOLS_DIR:-$HOME/.cac
 
 cargo fmt --all -- --check
 # Everything but the pacing tests, in parallel.
-cargo test --all-targets -- --skip paced_ --test-threads "${PUSHPACE_TEST_THREADS:-4}"
+cargo test --lib --bins --tests -- --skip paced_ --test-threads "${PUSHPACE_TEST_THREADS:-4}"
+# The benchmarks once each, as a check that they still run (criterion's test mode).
+cargo test --benches
 # The pacing tests measure rates at the sink: one at a time, on a machine left quiet.
 cargo test --test it paced_ -- --test-threads 1
 cargo clippy --all-targets -- -D warnings

@@ -141,7 +141,19 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
 
     let mut settings = settings;
     settings.kafka.group_id = format!("pushpace-{run_id}");
+    if let Err(e) = crate::metrics::install() {
+        tracing::warn!(error = %e, "metrics recorder not installed");
+    }
     let worker = Worker::start(&settings, pool.clone(), bootstrap.clone(), sender).await?;
+    let api = start_api(&settings, &pool, &worker, &bootstrap).await;
+    match &api {
+        Some(app) => println!(
+            "dashboard: {}/  (metrics: {}/metrics; set PUSHPACE__HTTP__ADMIN_TOKEN to use its controls)",
+            app.url(),
+            app.url()
+        ),
+        None => println!("dashboard not started (http.bind is taken; see the log)"),
+    }
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.duration * 3 + 30);
     let total = plan.total_devices() as u64;
@@ -171,6 +183,9 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
         if all_done >= total || Instant::now() >= deadline {
             break;
         }
+    }
+    if let Some(app) = api {
+        let _ = app.stop().await;
     }
     worker.shutdown().await?;
 
@@ -242,4 +257,31 @@ pub fn summary_table(rows: &[DemoRow]) -> String {
         );
     }
     out
+}
+
+/// The API and dashboard next to the demo's worker, on `http.bind`, or on a free
+/// loopback port when that one is taken.
+async fn start_api(
+    settings: &Settings,
+    pool: &sqlx::PgPool,
+    worker: &Worker,
+    bootstrap: &str,
+) -> Option<crate::startup::RunningApplication> {
+    let deps = || crate::startup::AppDeps {
+        pool: pool.clone(),
+        worker: Some(crate::api::WorkerView::of(worker)),
+        bootstrap: Some(bootstrap.to_string()),
+    };
+    match crate::startup::Application::build(settings, deps()).await {
+        Ok(app) => Some(app.spawn()),
+        Err(e) => {
+            tracing::info!(error = %e, "http.bind is taken; using a free loopback port");
+            let mut s = settings.clone();
+            s.http.bind = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            crate::startup::Application::build(&s, deps())
+                .await
+                .ok()
+                .map(|a| a.spawn())
+        }
+    }
 }

@@ -158,6 +158,7 @@ impl Worker {
                 retry_base: Duration::from_millis(settings.sender.retry_base_ms),
                 retry_max: Duration::from_millis(settings.sender.retry_max_ms),
                 global_rate: settings.limiter.global_rate(),
+                limiters: Arc::new(scheduler::LocalLimiters),
             },
             sender,
             recorder,

@@ -32,8 +32,24 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
+/// Builds each campaign's own limiter. The default builds in-process limiters; the
+/// distributed mode plugs in a factory whose limiters share a rate across workers.
+pub trait LimiterFactory: Send + Sync {
+    fn build(&self, campaign: &str, algorithm: Algorithm, rate: Rate, burst: u32) -> DynLimiter;
+}
+
+/// In-process limiters from [`limiter::build`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalLimiters;
+
+impl LimiterFactory for LocalLimiters {
+    fn build(&self, _campaign: &str, algorithm: Algorithm, rate: Rate, burst: u32) -> DynLimiter {
+        limiter::build(algorithm, rate, burst)
+    }
+}
+
 /// The scheduler's settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SchedulerConfig {
     pub max_active_campaigns: usize,
     pub quantum_min: Duration,
@@ -44,6 +60,21 @@ pub struct SchedulerConfig {
     pub retry_max: Duration,
     /// A cap over all campaigns (hierarchical limiter).
     pub global_rate: Option<Rate>,
+    /// Where campaign limiters come from.
+    pub limiters: Arc<dyn LimiterFactory>,
+}
+
+impl std::fmt::Debug for SchedulerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerConfig")
+            .field("max_active_campaigns", &self.max_active_campaigns)
+            .field("quantum_min", &self.quantum_min)
+            .field("quantum_max", &self.quantum_max)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_attempts", &self.max_attempts)
+            .field("global_rate", &self.global_rate)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A campaign's effective settings (the store's, which win over a job's).
@@ -309,7 +340,10 @@ impl Scheduler {
     }
 
     fn build_limiter(&self, s: &CampaignSettings, rate: Rate) -> DynLimiter {
-        let inner = limiter::build(s.algorithm, rate, s.burst);
+        let inner = self
+            .config
+            .limiters
+            .build(&s.id, s.algorithm, rate, s.burst);
         match &self.global {
             Some(g) => Arc::new(g.campaign_with(inner, s.burst)),
             None => inner,

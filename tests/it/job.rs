@@ -1,1 +1,883 @@
+//! Job decoding: the bad-input corpus of issue 7 (each case is dead-lettered with the
+//! right kind and a reason naming the field), the limits at their edges, and property
+//! tests (valid jobs round-trip; arbitrary bytes never panic).
 
+use proptest::prelude::*;
+use pushpace::job::{
+    decode, Job, JobError, MAX_DEVICES, MAX_DEVICE_TOKEN_BYTES, MAX_MESSAGE_BYTES,
+    MAX_PAYLOAD_BYTES,
+};
+use pushpace::limiter::{Algorithm, Rate};
+use pushpace::store::DeadLetterKind;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+const EXAMPLE: &str = r#"{"job_id": "j-000123", "campaign_id": "spring-sale", "send_rate": 500, "algorithm": "gcra",
+ "devices": ["tok-a", "tok-b"], "payload": {"title": "Hi", "body": "…"}}"#;
+
+/// A valid job as a JSON value, to break one field at a time.
+fn base() -> serde_json::Value {
+    json!({
+        "job_id": "j-1",
+        "campaign_id": "c-1",
+        "send_rate": 100,
+        "algorithm": "gcra",
+        "devices": ["tok-a", "tok-b", "tok-c"],
+        "payload": {"title": "Hi"}
+    })
+}
+
+fn with(field: &str, value: serde_json::Value) -> Vec<u8> {
+    let mut v = base();
+    v[field] = value;
+    serde_json::to_vec(&v).unwrap()
+}
+
+fn without(field: &str) -> Vec<u8> {
+    let mut v = base();
+    v.as_object_mut().unwrap().remove(field);
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// Asserts the message is dead-lettered as `kind`, its reason names `field` (for invalid
+/// jobs) and contains `needle`, and is fit to show a person and store in PostgreSQL.
+#[track_caller]
+fn rejects(
+    msg: &[u8],
+    key: Option<&[u8]>,
+    kind: DeadLetterKind,
+    field: Option<&str>,
+    needle: &str,
+) -> JobError {
+    let err = match decode(msg, key) {
+        Ok(job) => panic!("accepted {job:?}"),
+        Err(e) => e,
+    };
+    assert_eq!(err.kind(), kind, "{err}");
+    assert_eq!(err.field(), field, "{err}");
+    let reason = err.to_string();
+    if let Some(field) = field {
+        assert!(reason.starts_with(&format!("{field}: ")), "{reason}");
+    }
+    assert!(reason.contains(needle), "{reason:?} lacks {needle:?}");
+    assert!(reason.chars().count() <= 400, "reason too long: {reason}");
+    assert!(
+        !reason.chars().any(|c| c.is_control()),
+        "control character in {reason:?}"
+    );
+    err
+}
+
+const MALFORMED: DeadLetterKind = DeadLetterKind::MalformedJob;
+const INVALID: DeadLetterKind = DeadLetterKind::InvalidJob;
+
+#[test]
+fn the_issue_example_decodes() {
+    let job = decode(EXAMPLE.as_bytes(), Some(b"spring-sale")).unwrap();
+    assert_eq!(job.job_id, "j-000123");
+    assert_eq!(job.campaign_id, "spring-sale");
+    assert_eq!(job.send_rate, Some(Rate::per_second(500.0).unwrap()));
+    assert_eq!(job.algorithm, Some(Algorithm::Gcra));
+    assert_eq!(job.devices, ["tok-a", "tok-b"]);
+    // Raw text, not re-encoded: the spacing and the non-ASCII character stay as written.
+    assert_eq!(job.payload.get(), r#"{"title": "Hi", "body": "…"}"#);
+}
+
+#[test]
+fn optional_fields_may_be_absent_or_null_and_unknown_fields_are_ignored() {
+    let job = decode(
+        br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{},"send_rate":null,"algorithm":null,
+            "extra":{"deep":[1,2,{"x":null}]},"priority":"high"}"#,
+        None,
+    )
+    .unwrap();
+    assert_eq!(job.send_rate, None);
+    assert_eq!(job.algorithm, None);
+    assert_eq!(job.payload.get(), "{}");
+}
+
+#[test]
+fn escaped_field_names_and_values_are_understood() {
+    let job = decode(
+        br#"{"job\u005fid":"j\u002d1","campaign_id":"c","devices":["t\"ok\n\u00e9"],"payload":{"a":"\u00e9"}}"#,
+        Some(b"c"),
+    )
+    .unwrap();
+    assert_eq!(job.job_id, "j-1");
+    assert_eq!(job.devices, ["t\"ok\né"]);
+    assert_eq!(job.payload.get(), r#"{"a":"\u00e9"}"#);
+}
+
+#[test]
+fn every_algorithm_name_is_accepted() {
+    for a in Algorithm::ALL {
+        let job = decode(&with("algorithm", json!(a.as_str())), None).unwrap();
+        assert_eq!(job.algorithm, Some(a));
+    }
+}
+
+#[test]
+fn limits_are_inclusive() {
+    let id = "a".repeat(128);
+    let mut v = base();
+    v["job_id"] = json!(id);
+    v["campaign_id"] = json!(id);
+    v["devices"] = json!((0..MAX_DEVICES)
+        .map(|i| format!("t{i}"))
+        .collect::<Vec<_>>());
+    let job = decode(&serde_json::to_vec(&v).unwrap(), Some(id.as_bytes())).unwrap();
+    assert_eq!(job.devices.len(), MAX_DEVICES);
+
+    let token = "x".repeat(MAX_DEVICE_TOKEN_BYTES);
+    let job = decode(&with("devices", json!([token])), None).unwrap();
+    assert_eq!(job.devices[0].len(), MAX_DEVICE_TOKEN_BYTES);
+
+    // A payload of exactly 4096 bytes: {"p":"xxx…"} is 8 bytes of framing.
+    let payload = format!(r#"{{"p":"{}"}}"#, "x".repeat(MAX_PAYLOAD_BYTES - 8));
+    assert_eq!(payload.len(), MAX_PAYLOAD_BYTES);
+    let msg = format!(r#"{{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{payload}}}"#);
+    assert_eq!(decode(msg.as_bytes(), None).unwrap().payload.get(), payload);
+
+    let tiny = Rate::per_second(0.001).unwrap();
+    assert_eq!(
+        decode(&with("send_rate", json!(0.001)), None)
+            .unwrap()
+            .send_rate,
+        Some(tiny)
+    );
+    assert!(decode(&with("send_rate", json!(10_000_000)), None).is_ok());
+}
+
+/// A valid message padded (with an ignored field) to exactly `len` bytes.
+fn padded_message(len: usize) -> Vec<u8> {
+    let head = br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{},"pad":""#;
+    let mut msg = head.to_vec();
+    msg.resize(len - 2, b'x');
+    msg.extend_from_slice(b"\"}");
+    msg
+}
+
+#[test]
+fn a_message_of_exactly_one_mib_is_accepted_and_one_byte_more_is_not() {
+    assert!(decode(&padded_message(MAX_MESSAGE_BYTES), None).is_ok());
+    let err = rejects(
+        &padded_message(MAX_MESSAGE_BYTES + 1),
+        None,
+        MALFORMED,
+        None,
+        "1048577 bytes",
+    );
+    assert_eq!(
+        err,
+        JobError::TooLarge {
+            size: MAX_MESSAGE_BYTES + 1,
+            limit: MAX_MESSAGE_BYTES
+        }
+    );
+}
+
+// --- The bad-input corpus (issue 7, suite 6), one test per kind. ---
+
+#[test]
+fn bad_01_invalid_json() {
+    rejects(
+        br#"{"job_id": "j-1", "campaign_id":"#,
+        None,
+        MALFORMED,
+        None,
+        "not valid JSON",
+    );
+    rejects(b"{job_id: 'j'}", None, MALFORMED, None, "not valid JSON");
+    rejects(b"not json at all", None, MALFORMED, None, "not valid JSON");
+}
+
+#[test]
+fn bad_02_invalid_utf8() {
+    let mut msg = with("job_id", json!("j-1"));
+    let at = msg.iter().position(|&b| b == b'j').unwrap();
+    msg[at] = 0xff;
+    rejects(&msg, None, MALFORMED, None, "not valid UTF-8");
+    rejects(&[0xc3, 0x28], None, MALFORMED, None, "offset 0");
+}
+
+#[test]
+fn bad_03_empty_and_whitespace_messages() {
+    rejects(b"", None, MALFORMED, None, "empty");
+    rejects(b" \n\t ", None, MALFORMED, None, "empty");
+}
+
+#[test]
+fn bad_04_not_an_object() {
+    rejects(b"[1,2]", None, MALFORMED, None, "an array");
+    rejects(b"\"job\"", None, MALFORMED, None, "a string");
+    rejects(b"null", None, MALFORMED, None, "null");
+    rejects(b"42", None, MALFORMED, None, "a number");
+}
+
+#[test]
+fn bad_05_trailing_data_after_the_object() {
+    let mut msg = serde_json::to_vec(&base()).unwrap();
+    msg.extend_from_slice(b" {}");
+    rejects(&msg, None, MALFORMED, None, "trailing");
+}
+
+#[test]
+fn bad_06_wrong_types() {
+    rejects(
+        &with("job_id", json!(123)),
+        None,
+        INVALID,
+        Some("job_id"),
+        "invalid type: integer `123`",
+    );
+    rejects(
+        &with("campaign_id", json!(["c"])),
+        None,
+        INVALID,
+        Some("campaign_id"),
+        "invalid type: sequence",
+    );
+    rejects(
+        &with("devices", json!("tok-a")),
+        None,
+        INVALID,
+        Some("devices"),
+        "invalid type: string",
+    );
+    rejects(
+        &with("devices", json!({"0": "tok"})),
+        None,
+        INVALID,
+        Some("devices"),
+        "invalid type: map",
+    );
+    rejects(
+        &with("devices", json!(["ok", 5])),
+        None,
+        INVALID,
+        Some("devices[1]"),
+        "invalid type: integer `5`",
+    );
+    rejects(
+        &with("devices", json!(["ok", "ok", null])),
+        None,
+        INVALID,
+        Some("devices[2]"),
+        "null",
+    );
+    rejects(
+        &with("send_rate", json!(true)),
+        None,
+        INVALID,
+        Some("send_rate"),
+        "a number of sends per second",
+    );
+    rejects(
+        &with("algorithm", json!(7)),
+        None,
+        INVALID,
+        Some("algorithm"),
+        "an algorithm name",
+    );
+}
+
+#[test]
+fn bad_07_missing_fields() {
+    for field in ["job_id", "campaign_id", "devices", "payload"] {
+        rejects(
+            &without(field),
+            None,
+            INVALID,
+            Some(field),
+            "missing; required",
+        );
+    }
+    rejects(b"{}", None, INVALID, Some("job_id"), "missing");
+}
+
+#[test]
+fn bad_08_empty_devices() {
+    rejects(
+        &with("devices", json!([])),
+        None,
+        INVALID,
+        Some("devices"),
+        "must hold 1–10000 device tokens, got 0",
+    );
+}
+
+#[test]
+fn bad_09_too_many_devices() {
+    let devices: Vec<String> = (0..=MAX_DEVICES).map(|i| format!("t{i}")).collect();
+    rejects(
+        &with("devices", json!(devices)),
+        None,
+        INVALID,
+        Some("devices"),
+        "got 10001",
+    );
+}
+
+#[test]
+fn bad_10_device_tokens_out_of_range() {
+    let mut devices = vec![json!("a"), json!("b"), json!("c"), json!("x".repeat(5000))];
+    let err = rejects(
+        &with("devices", json!(devices.clone())),
+        None,
+        INVALID,
+        Some("devices[3]"),
+        "got 5000",
+    );
+    assert_eq!(
+        err.to_string(),
+        "devices[3]: must be 1–4096 bytes, got 5000"
+    );
+    devices[3] = json!("");
+    rejects(
+        &with("devices", json!(devices)),
+        None,
+        INVALID,
+        Some("devices[3]"),
+        "got 0",
+    );
+}
+
+#[test]
+fn bad_11_two_mib_message() {
+    let devices: Vec<String> = (0..1000).map(|_| "d".repeat(2100)).collect();
+    let msg = with("devices", json!(devices));
+    assert!(msg.len() > 2 << 20);
+    rejects(&msg, None, MALFORMED, None, "the limit is 1048576 bytes");
+}
+
+#[test]
+fn bad_12_payload_over_4_kib() {
+    let payload = json!({"body": "x".repeat(MAX_PAYLOAD_BYTES)});
+    rejects(
+        &with("payload", payload),
+        None,
+        INVALID,
+        Some("payload"),
+        "at most 4096 bytes of JSON, got 4107",
+    );
+}
+
+#[test]
+fn bad_13_payload_not_an_object() {
+    rejects(
+        &with("payload", json!(["a"])),
+        None,
+        INVALID,
+        Some("payload"),
+        "must be a JSON object, got an array",
+    );
+    rejects(
+        &with("payload", json!("hi")),
+        None,
+        INVALID,
+        Some("payload"),
+        "got a string",
+    );
+    rejects(
+        &with("payload", json!(null)),
+        None,
+        INVALID,
+        Some("payload"),
+        "got null",
+    );
+    rejects(
+        &with("payload", json!(1.5)),
+        None,
+        INVALID,
+        Some("payload"),
+        "got a number",
+    );
+}
+
+#[test]
+fn bad_14_send_rate_zero() {
+    rejects(
+        &with("send_rate", json!(0)),
+        None,
+        INVALID,
+        Some("send_rate"),
+        "greater than 0",
+    );
+}
+
+#[test]
+fn bad_15_send_rate_negative() {
+    rejects(
+        &with("send_rate", json!(-1)),
+        None,
+        INVALID,
+        Some("send_rate"),
+        "got -1",
+    );
+}
+
+#[test]
+fn bad_16_send_rate_nan_as_a_string() {
+    rejects(
+        &with("send_rate", json!("NaN")),
+        None,
+        INVALID,
+        Some("send_rate"),
+        "string \"NaN\"",
+    );
+    rejects(
+        &with("send_rate", json!("500")),
+        None,
+        INVALID,
+        Some("send_rate"),
+        "a number of sends per second",
+    );
+    // Bare NaN is not JSON at all.
+    rejects(
+        br#"{"job_id":"j","campaign_id":"c","send_rate":NaN,"devices":["d"],"payload":{}}"#,
+        None,
+        MALFORMED,
+        None,
+        "not valid JSON",
+    );
+}
+
+#[test]
+fn bad_17_send_rate_too_high() {
+    rejects(
+        &with("send_rate", json!(1e12)),
+        None,
+        INVALID,
+        Some("send_rate"),
+        "at most 10000000",
+    );
+}
+
+#[test]
+fn bad_18_two_hundred_character_campaign_id() {
+    let id = "c".repeat(200);
+    rejects(
+        &with("campaign_id", json!(id)),
+        None,
+        INVALID,
+        Some("campaign_id"),
+        "must be 1–128 characters from [A-Za-z0-9._:-], got 200",
+    );
+    rejects(
+        &with("job_id", json!("")),
+        None,
+        INVALID,
+        Some("job_id"),
+        "got 0",
+    );
+}
+
+#[test]
+fn bad_19_ids_with_spaces_or_quotes() {
+    rejects(
+        &with("campaign_id", json!("spring sale")),
+        None,
+        INVALID,
+        Some("campaign_id"),
+        "' ' at character 6",
+    );
+    rejects(
+        &with("job_id", json!("j\"1")),
+        None,
+        INVALID,
+        Some("job_id"),
+        "'\"' at character 1",
+    );
+    rejects(
+        &with("job_id", json!("j'1")),
+        None,
+        INVALID,
+        Some("job_id"),
+        "'\\'' at character 1",
+    );
+    rejects(
+        &with("job_id", json!("café")),
+        None,
+        INVALID,
+        Some("job_id"),
+        "'é' at character 3",
+    );
+}
+
+#[test]
+fn bad_20_sql_metacharacters_in_every_field() {
+    let sql = "x'; DROP TABLE campaigns; --";
+    rejects(
+        &with("job_id", json!(sql)),
+        None,
+        INVALID,
+        Some("job_id"),
+        "only A-Z, a-z, 0-9 and . _ : - are allowed",
+    );
+    rejects(
+        &with("campaign_id", json!(sql)),
+        None,
+        INVALID,
+        Some("campaign_id"),
+        "\"x'; DROP TABLE campaigns; --\"",
+    );
+    rejects(
+        &with("algorithm", json!(sql)),
+        None,
+        INVALID,
+        Some("algorithm"),
+        "unknown algorithm",
+    );
+    rejects(
+        &with("send_rate", json!(sql)),
+        None,
+        INVALID,
+        Some("send_rate"),
+        "invalid type",
+    );
+    // Tokens and payloads are opaque to pushpace: they are accepted and passed on as they are.
+    let mut v = base();
+    v["devices"] = json!([sql, "tok\\\u{0}"]);
+    v["payload"] = json!({"q": sql});
+    let job = decode(&serde_json::to_vec(&v).unwrap(), None).unwrap();
+    assert_eq!(job.devices[0], sql);
+    assert_eq!(job.devices[1], "tok\\\u{0}");
+    assert!(job.payload.get().contains("DROP TABLE"));
+}
+
+#[test]
+fn bad_21_key_does_not_match_campaign() {
+    let msg = with("campaign_id", json!("c-1"));
+    rejects(
+        &msg,
+        Some(b"c-2"),
+        INVALID,
+        Some("key"),
+        "\"c-2\" does not match campaign_id \"c-1\"",
+    );
+    rejects(&msg, Some(b""), INVALID, Some("key"), "does not match");
+    rejects(
+        &msg,
+        Some(&[0xff, 0x00]),
+        INVALID,
+        Some("key"),
+        "does not match",
+    );
+    assert!(decode(&msg, Some(b"c-1")).is_ok());
+    assert!(decode(&msg, None).is_ok());
+}
+
+#[test]
+fn bad_22_unknown_algorithm() {
+    rejects(
+        &with("algorithm", json!("GCRA")),
+        None,
+        INVALID,
+        Some("algorithm"),
+        "unknown algorithm \"GCRA\"; expected one of",
+    );
+}
+
+#[test]
+fn bad_23_duplicate_fields() {
+    rejects(
+        br#"{"job_id":"j","campaign_id":"c","campaign_id":"d","devices":["x"],"payload":{}}"#,
+        None,
+        INVALID,
+        Some("campaign_id"),
+        "appears more than once",
+    );
+}
+
+#[test]
+fn bad_24_control_characters_are_escaped_in_reasons() {
+    let err = rejects(
+        &with("job_id", json!("j\u{0}1")),
+        None,
+        INVALID,
+        Some("job_id"),
+        "'\\0'",
+    );
+    assert!(!err.to_string().contains('\u{0}'));
+}
+
+#[test]
+fn bad_25_deep_nesting_never_overflows_the_stack() {
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let in_payload = |n: usize| {
+        format!(
+            r#"{{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{{"a":{}}}}}"#,
+            deep(n)
+        )
+    };
+    // The payload is decoded strictly, which caps its depth at serde_json's limit.
+    assert!(decode(in_payload(120).as_bytes(), None).is_ok());
+    rejects(
+        in_payload(200).as_bytes(),
+        None,
+        INVALID,
+        Some("payload"),
+        "recursion limit",
+    );
+    rejects(
+        in_payload(400_000).as_bytes(),
+        None,
+        INVALID,
+        Some("payload"),
+        "at most 4096 bytes",
+    );
+    // Unknown fields are scanned without recursion: depth alone is no reason to refuse.
+    let msg = format!(
+        r#"{{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{{}},"x":{}}}"#,
+        deep(400_000)
+    );
+    assert!(decode(msg.as_bytes(), None).is_ok());
+    // Where values are built (a job that is not an object), depth is capped too.
+    rejects(
+        deep(400_000).as_bytes(),
+        None,
+        MALFORMED,
+        None,
+        "recursion limit",
+    );
+    rejects(
+        format!("{{\"x\":{}", deep(400_000)).as_bytes(),
+        None,
+        MALFORMED,
+        None,
+        "EOF",
+    );
+}
+
+#[test]
+fn bad_26_payload_strings_must_decode() {
+    // Found by the fuzzer: a lone surrogate escape passed the raw scan, and the body
+    // built from it was refused by strict JSON parsers.
+    let msg = br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{"c":"\ud83d\ufe00"}}"#;
+    rejects(
+        msg,
+        None,
+        INVALID,
+        Some("payload"),
+        "lone leading surrogate",
+    );
+    let msg = br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{"c":"\udc00"}}"#;
+    rejects(
+        msg,
+        None,
+        INVALID,
+        Some("payload"),
+        "payload: is not JSON that every parser accepts",
+    );
+    // A proper pair is fine, and kept as written.
+    let msg = br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{"c":"\ud83d\ude00"}}"#;
+    assert_eq!(
+        decode(msg, None).unwrap().payload.get(),
+        r#"{"c":"\ud83d\ude00"}"#
+    );
+    // Tokens are decoded anyway: a lone surrogate there is not JSON at all.
+    let msg = br#"{"job_id":"j","campaign_id":"c","devices":["\ud83d"],"payload":{}}"#;
+    rejects(msg, None, MALFORMED, None, "hex escape");
+    // Job::new applies the same check (RawValue::from_string does not decode strings).
+    let raw = RawValue::from_string(r#"{"c":"\ud83d"}"#.into()).unwrap();
+    let err = Job::new("j", "c", vec!["d".into()], raw).unwrap_err();
+    assert_eq!(err.field(), Some("payload"));
+}
+
+#[test]
+fn a_syntax_error_anywhere_wins_over_a_field_error() {
+    // The field error comes first in the text, but the message is not JSON at all.
+    rejects(
+        br#"{"job_id": 5, "campaign_id": "c", "devices": ["#,
+        None,
+        MALFORMED,
+        None,
+        "not valid JSON",
+    );
+    rejects(
+        br#"{"job_id": 5, "campaign_id": "c"} trailing"#,
+        None,
+        MALFORMED,
+        None,
+        "trailing",
+    );
+    rejects(
+        br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{}"#,
+        Some(b"other"),
+        MALFORMED,
+        None,
+        "EOF",
+    );
+}
+
+#[test]
+fn echoed_values_are_cut_short() {
+    let long = format!("{} {}", "a".repeat(100), "b".repeat(100_000));
+    let err = rejects(
+        &with("campaign_id", json!(long)),
+        None,
+        INVALID,
+        Some("campaign_id"),
+        "(100101 characters)",
+    );
+    assert!(err.to_string().len() < 300);
+    let err = rejects(
+        &with("send_rate", json!("x".repeat(100_000))),
+        None,
+        INVALID,
+        Some("send_rate"),
+        "invalid type",
+    );
+    assert!(err.to_string().chars().count() < 320);
+}
+
+#[test]
+fn job_new_applies_the_same_rules() {
+    let payload = RawValue::from_string("{}".into()).unwrap();
+    assert!(Job::new("j", "c", vec!["d".into()], payload.clone()).is_ok());
+    let err = Job::new("j", "c c", vec!["d".into()], payload.clone()).unwrap_err();
+    assert_eq!(err.field(), Some("campaign_id"));
+    let err = Job::new("j", "c", vec![], payload.clone()).unwrap_err();
+    assert_eq!(err.field(), Some("devices"));
+    let err = Job::new("j", "c", vec!["d".into(), String::new()], payload).unwrap_err();
+    assert_eq!(err.field(), Some("devices[1]"));
+    let err = Job::new(
+        "j",
+        "c",
+        vec!["d".into()],
+        RawValue::from_string("[]".into()).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(err.field(), Some("payload"));
+}
+
+// --- Properties. ---
+
+fn id_strategy() -> impl Strategy<Value = String> {
+    "[A-Za-z0-9._:-]{1,128}"
+}
+
+fn token_strategy() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-zA-Z0-9_-]{1,64}",
+        // Anything at all, escapes and non-ASCII included.
+        any::<String>().prop_filter("1–4096 bytes", |s| !s.is_empty()
+            && s.len() <= MAX_DEVICE_TOKEN_BYTES),
+    ]
+}
+
+fn payload_strategy() -> impl Strategy<Value = Box<RawValue>> {
+    let leaf = prop_oneof![
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<bool>().prop_map(|b| json!(b)),
+        ".{0,20}".prop_map(|s| json!(s)),
+        Just(json!(null)),
+        (-1e6f64..1e6).prop_map(|f| json!(f)),
+    ];
+    let value = leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+            prop::collection::btree_map(".{0,8}", inner, 0..4)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    });
+    (
+        prop::collection::btree_map(".{0,8}", value, 0..6),
+        any::<bool>(),
+    )
+        .prop_map(|(m, pretty)| {
+            let v = serde_json::Value::Object(m.into_iter().collect());
+            // Pretty-printed payloads check that inner whitespace survives as written.
+            let text = if pretty {
+                serde_json::to_string_pretty(&v)
+            } else {
+                serde_json::to_string(&v)
+            }
+            .unwrap();
+            RawValue::from_string(text).unwrap()
+        })
+}
+
+fn job_strategy() -> impl Strategy<Value = Job> {
+    (
+        id_strategy(),
+        id_strategy(),
+        prop::option::of(prop_oneof![
+            0.001f64..1e7,
+            (1u32..100_000).prop_map(f64::from)
+        ]),
+        prop::option::of(prop::sample::select(Algorithm::ALL.to_vec())),
+        prop::collection::vec(token_strategy(), 1..20),
+        payload_strategy().prop_filter("≤ 4 KiB", |p| p.get().len() <= MAX_PAYLOAD_BYTES),
+    )
+        .prop_map(|(job_id, campaign_id, rate, algorithm, devices, payload)| {
+            let mut job = Job::new(job_id, campaign_id, devices, payload).unwrap();
+            if let Some(r) = rate {
+                job = job.with_send_rate(Rate::per_second(r).unwrap());
+            }
+            if let Some(a) = algorithm {
+                job = job.with_algorithm(a);
+            }
+            job
+        })
+}
+
+proptest! {
+
+    #[test]
+    fn valid_jobs_round_trip(job in job_strategy()) {
+        let bytes = job.to_json();
+        let back = decode(&bytes, Some(job.campaign_id.as_bytes())).unwrap();
+        prop_assert_eq!(&back, &job);
+        // The payload's bytes are the producer's, exactly.
+        prop_assert_eq!(back.payload.get(), job.payload.get());
+    }
+
+    #[test]
+    fn reformatted_jobs_decode_the_same(job in job_strategy()) {
+        // Field order and whitespace do not matter (the payload compares as JSON here).
+        let v: serde_json::Value = serde_json::from_slice(&job.to_json()).unwrap();
+        let text = serde_json::to_vec_pretty(&v).unwrap();
+        let back = decode(&text, None).unwrap();
+        prop_assert_eq!(&back.devices, &job.devices);
+        prop_assert_eq!(&back.job_id, &job.job_id);
+        let a: serde_json::Value = serde_json::from_str(back.payload.get()).unwrap();
+        let b: serde_json::Value = serde_json::from_str(job.payload.get()).unwrap();
+        prop_assert_eq!(a, b);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        if let Err(e) = decode(&bytes, None) {
+            prop_assert!(!e.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn mutated_jobs_never_panic_and_errors_are_actionable(
+        job in job_strategy(),
+        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..6),
+    ) {
+        let mut bytes = job.to_json();
+        for (at, byte, op) in edits {
+            if bytes.is_empty() { break; }
+            let i = at.index(bytes.len());
+            match op {
+                0 => bytes[i] = byte,
+                1 => { bytes.remove(i); }
+                _ => bytes.insert(i, byte),
+            }
+        }
+        match decode(&bytes, None) {
+            Ok(back) => {
+                // Whatever was accepted obeys the rules and re-encodes to itself.
+                prop_assert_eq!(decode(&back.to_json(), None).unwrap(), back);
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                prop_assert!(!reason.chars().any(|c| c.is_control()), "{:?}", reason);
+                prop_assert_eq!(e.field().is_some(), e.kind() == DeadLetterKind::InvalidJob);
+            }
+        }
+    }
+}
