@@ -230,27 +230,35 @@ fn two_threads(c: &mut Criterion) {
     g.finish();
 }
 
-/// Nanoseconds per call of `f`, the best of `rounds` timed runs of `ops` calls.
-fn best_of(rounds: usize, ops: u64, mut f: impl FnMut()) -> f64 {
-    (0..rounds)
-        .map(|_| {
-            let start = Instant::now();
-            for _ in 0..ops {
-                f();
-            }
-            start.elapsed().as_nanos() as f64 / ops as f64
-        })
-        .fold(f64::INFINITY, f64::min)
+/// Keeps a result alive for the optimiser.
+#[inline(always)]
+fn sink<T>(t: T) {
+    black_box(t);
 }
 
-/// The ratios, measured interleaved: each round times every subject in turn, and each
-/// subject keeps its best round. On a shared machine other work only ever adds time, so
-/// the best round is the least disturbed, and interleaving exposes all subjects to the
-/// same disturbances; the criterion medians above move with the load.
+/// Nanoseconds per call of `f`, over `ops` calls.
+fn ns_per_call(ops: u64, mut f: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    for _ in 0..ops {
+        f();
+    }
+    start.elapsed().as_nanos() as f64 / ops as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The ratios, measured paired: each round times the subject and its baseline back to
+/// back (alternating which goes first), and the ratio is the median of the rounds'
+/// ratios. On a shared machine the load changes from second to second; the criterion
+/// medians above move with it, a ratio of two neighbouring measurements much less.
 fn summary(_: &mut Criterion) {
-    const ROUNDS: usize = 40;
+    const ROUNDS: usize = 60;
     const OPS: u64 = 200_000;
     let clock = MonotonicClock::new();
+    let q = quanta::Clock::new();
     let gov = governor_direct();
     let gcra = Gcra::new(rate(), BURST);
     let gcra_dyn = build(Algorithm::Gcra, rate(), BURST);
@@ -258,67 +266,62 @@ fn summary(_: &mut Criterion) {
     let _ = refusing.try_acquire(clock.now());
     let gov_refusing = governor::RateLimiter::direct(governor::Quota::per_second(NonZeroU32::MIN));
     let _ = gov_refusing.check();
-    let mut best = [f64::INFINITY; 6];
-    for _ in 0..ROUNDS {
-        let runs: [f64; 6] = [
-            best_of(1, OPS, || {
-                black_box(clock.now());
-            }),
-            best_of(1, OPS, || {
-                black_box(gov.check().is_ok());
-            }),
-            best_of(1, OPS, || {
-                black_box(gcra.try_acquire(clock.now()));
-            }),
-            best_of(1, OPS, || {
-                black_box(gcra_dyn.try_acquire(clock.now()));
-            }),
-            best_of(1, OPS, || {
-                black_box(refusing.try_acquire(clock.now()));
-            }),
-            best_of(1, OPS, || {
-                black_box(gov_refusing.check().is_ok());
-            }),
-        ];
-        for (b, r) in best.iter_mut().zip(runs) {
-            *b = b.min(r);
+
+    let pair = |name: &str, a: &mut dyn FnMut() -> f64, b: &mut dyn FnMut() -> f64| {
+        let (mut ta, mut tb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let (x, y) = if round % 2 == 0 {
+                let x = a();
+                (x, b())
+            } else {
+                let y = b();
+                (a(), y)
+            };
+            ta.push(x);
+            tb.push(y);
+            ratios.push(x / y);
         }
-    }
+        eprintln!(
+            "  {name:<44} {:7.2} ns vs {:7.2} ns  ratio {:.2}",
+            median(ta),
+            median(tb),
+            median(ratios)
+        );
+    };
+    eprintln!("summary: median of {ROUNDS} paired rounds of {OPS} calls (subject vs baseline):");
+    pair(
+        "clock: monotonic_clock_now vs quanta_now",
+        &mut || ns_per_call(OPS, || sink(clock.now())),
+        &mut || ns_per_call(OPS, || sink(q.now())),
+    );
+    pair(
+        "gcra_static vs governor_direct_check",
+        &mut || ns_per_call(OPS, || sink(gcra.try_acquire(clock.now()))),
+        &mut || ns_per_call(OPS, || sink(gov.check().is_ok())),
+    );
+    pair(
+        "gcra (dyn) vs governor_direct_check",
+        &mut || ns_per_call(OPS, || sink(gcra_dyn.try_acquire(clock.now()))),
+        &mut || ns_per_call(OPS, || sink(gov.check().is_ok())),
+    );
+    pair(
+        "gcra_refusing vs governor_refusing",
+        &mut || ns_per_call(OPS, || sink(refusing.try_acquire(clock.now()))),
+        &mut || ns_per_call(OPS, || sink(gov_refusing.check().is_ok())),
+    );
     let gov2 = Arc::new(governor_direct());
     let gcra2 = Arc::new(Gcra::new(rate(), BURST));
-    let mut best2 = [f64::INFINITY; 2];
-    for _ in 0..ROUNDS / 4 {
-        let g = Arc::clone(&gov2);
-        let t = contended(OPS, move || g.check().is_ok());
-        best2[0] = best2[0].min(t.as_nanos() as f64 / OPS as f64);
-        let (g, c) = (Arc::clone(&gcra2), clock.clone());
-        let t = contended(OPS, move || g.try_acquire(c.now()).is_allowed());
-        best2[1] = best2[1].min(t.as_nanos() as f64 / OPS as f64);
-    }
-    eprintln!("summary (best of {ROUNDS} interleaved rounds of {OPS} calls, ns per decision):");
-    eprintln!("  monotonic_clock_now          {:6.2}", best[0]);
-    eprintln!("  governor_direct_check        {:6.2}", best[1]);
-    eprintln!(
-        "  gcra_static                  {:6.2}  ratio {:.2}",
-        best[2],
-        best[2] / best[1]
-    );
-    eprintln!(
-        "  gcra_dyn                     {:6.2}  ratio {:.2}",
-        best[3],
-        best[3] / best[1]
-    );
-    eprintln!("  gcra_refusing                {:6.2}", best[4]);
-    eprintln!(
-        "  governor_refusing            {:6.2}  ratio {:.2}",
-        best[5],
-        best[4] / best[5]
-    );
-    eprintln!("  2 threads governor_check     {:6.2}", best2[0]);
-    eprintln!(
-        "  2 threads gcra_static        {:6.2}  ratio {:.2}",
-        best2[1],
-        best2[1] / best2[0]
+    pair(
+        "2 threads: gcra_static vs governor_direct_check",
+        &mut || {
+            let (g, c) = (Arc::clone(&gcra2), clock.clone());
+            contended(OPS, move || g.try_acquire(c.now()).is_allowed()).as_nanos() as f64
+                / OPS as f64
+        },
+        &mut || {
+            let g = Arc::clone(&gov2);
+            contended(OPS, move || g.check().is_ok()).as_nanos() as f64 / OPS as f64
+        },
     );
 }
 

@@ -52,6 +52,12 @@ pub fn consumer_config(settings: &KafkaSettings, bootstrap: &str) -> ClientConfi
             "session.timeout.ms",
             settings.session_timeout_ms.to_string(),
         )
+        // Also the rebalance timeout: how long the group waits for a member that died
+        // without leaving (kill -9). The poll loop polls every 50 ms, so a short bound is safe.
+        .set(
+            "max.poll.interval.ms",
+            (settings.session_timeout_ms * 2).max(10_000).to_string(),
+        )
         .set("enable.partition.eof", "false");
     c
 }

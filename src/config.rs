@@ -53,6 +53,82 @@ pub struct Settings {
     pub limiter: LimiterSettings,
     pub sender: SenderSettings,
     pub http: HttpSettings,
+    pub redis: RedisSettings,
+    #[serde(default)]
+    pub hygiene: HygieneSettings,
+    #[serde(default)]
+    pub capping: CappingSettings,
+}
+
+/// `[hygiene]`: the Bloom filter in front of `invalid_tokens` (see `crate::hygiene`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HygieneSettings {
+    /// Skip tokens recorded invalid; record tokens answered 410.
+    pub enabled: bool,
+    /// Invalid tokens the filter is sized for.
+    pub expected_tokens: u64,
+    /// The filter's false-positive rate at `expected_tokens`.
+    pub false_positive_rate: f64,
+    /// How often the filter re-reads rows other workers added.
+    pub reload_ms: u64,
+}
+
+impl Default for HygieneSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            expected_tokens: 10_000_000,
+            false_positive_rate: 0.01,
+            reload_ms: 5000,
+        }
+    }
+}
+
+/// `capping.scope`: where the exact stage of the frequency cap lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CappingScope {
+    /// Per worker (built).
+    Local,
+    /// Shared through Redis (not built yet: refused at start-up).
+    Redis,
+}
+
+/// `[capping]`: an optional per-device frequency cap (see `crate::capping`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CappingSettings {
+    pub enabled: bool,
+    /// At most this many sends per device per window (1–254).
+    pub max_per_device: u32,
+    /// The window, in seconds.
+    pub window: u64,
+    /// Distinct devices expected per window: sizes the sketches.
+    pub expected_devices: u64,
+    pub scope: CappingScope,
+}
+
+impl Default for CappingSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_per_device: 3,
+            window: 3600,
+            expected_devices: 10_000_000,
+            scope: CappingScope::Local,
+        }
+    }
+}
+
+impl CappingSettings {
+    pub fn cap_config(&self) -> crate::capping::CapConfig {
+        crate::capping::CapConfig {
+            max_per_device: self.max_per_device,
+            window: self.window.saturating_mul(crate::limiter::NANOS_PER_SEC),
+            expected_devices: self.expected_devices,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -154,6 +230,60 @@ pub struct LimiterSettings {
     pub send_rate: f64,
     /// A cap over all campaigns of this worker; 0 disables it.
     pub global_rate: f64,
+    /// Where a campaign's rate is enforced: this process alone, or shared through Redis.
+    pub scope: LimiterScope,
+    /// Workers sharing a campaign, for lease sizes and the Redis-down fallback rate.
+    pub workers_estimate: u32,
+}
+
+/// `limiter.scope`: `local` (each worker applies the full rate) or `redis` (the workers
+/// of a consumer group share it; see `crate::distributed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimiterScope {
+    Local,
+    Redis,
+}
+
+/// `redis.algorithm`: how the shared limit is kept in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RedisAlgorithm {
+    /// GCRA in a Lua script: leases are exact time slots of the campaign's schedule.
+    RedisGcra,
+    /// Criteo's approximation: per-window counters weighted by the previous window.
+    RedisSlidingWindow,
+}
+
+/// `[redis]`: the store behind `limiter.scope = "redis"`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: SecretString,
+    pub connect_timeout_ms: u64,
+    pub algorithm: RedisAlgorithm,
+    /// The slice a lease covers: each lease holds about rate × slice / workers permits.
+    pub lease_ms: u64,
+    /// Prefix of every key pushpace writes.
+    pub key_prefix: String,
+}
+
+impl RedisSettings {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(self.url.expose_secret()))
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("algorithm", &self.algorithm)
+            .field("lease_ms", &self.lease_ms)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
 }
 
 impl LimiterSettings {
@@ -373,6 +503,56 @@ impl Settings {
         if self.limiter.global_rate != 0.0 {
             Rate::per_second(self.limiter.global_rate)
                 .map_err(|e| invalid("limiter.global_rate", format!("{e} (or 0 for none)")))?;
+        }
+        if !(1..=10_000).contains(&self.limiter.workers_estimate) {
+            return Err(invalid("limiter.workers_estimate", "must be 1–10000"));
+        }
+        let r = &self.redis;
+        match url::Url::parse(r.url.expose_secret()) {
+            Ok(u) if matches!(u.scheme(), "redis" | "rediss") => {}
+            _ => {
+                return Err(invalid(
+                    "redis.url",
+                    "is not a redis:// URL (value hidden: it may hold a password)",
+                ))
+            }
+        }
+        if r.connect_timeout_ms == 0 {
+            return Err(invalid("redis.connect_timeout_ms", "must be > 0"));
+        }
+        if !(10..=10_000).contains(&r.lease_ms) {
+            return Err(invalid("redis.lease_ms", "must be 10–10000"));
+        }
+        if r.key_prefix.is_empty() {
+            return Err(invalid("redis.key_prefix", "must not be empty"));
+        }
+        let h = &self.hygiene;
+        if h.expected_tokens == 0 || h.expected_tokens > 1_000_000_000 {
+            return Err(invalid(
+                "hygiene.expected_tokens",
+                "must be 1–1,000,000,000",
+            ));
+        }
+        if !(h.false_positive_rate > 0.0 && h.false_positive_rate <= 0.5) {
+            return Err(invalid(
+                "hygiene.false_positive_rate",
+                "must be in (0, 0.5]",
+            ));
+        }
+        if h.reload_ms == 0 {
+            return Err(invalid("hygiene.reload_ms", "must be > 0"));
+        }
+        let c = &self.capping;
+        if c.enabled {
+            if let Err(e) = c.cap_config().validate() {
+                return Err(invalid("capping", e.to_string()));
+            }
+            if c.scope == CappingScope::Redis {
+                return Err(invalid(
+                    "capping.scope",
+                    "\"redis\" is not built yet; use \"local\"",
+                ));
+            }
         }
         let s = &self.sender;
         if s.kind == SenderKind::Http {

@@ -8,6 +8,8 @@
 //! Modules, in data-path order:
 //! - [`broker`]: Kafka client configuration, topic creation and the embedded mock broker.
 //! - [`job`]: decoding and validating job messages.
+//! - [`hygiene`]: the Bloom filter in front of `invalid_tokens`: gone tokens are never re-sent.
+//! - [`capping`]: per-device frequency caps (count-min sketch, then an exact stage).
 //! - [`limiter`]: the `RateLimiter` trait, its algorithms, clocks and the `Rate` type.
 //! - [`sender`]: the `Sender` trait, the HTTP provider sender and the null sender.
 //! - [`stats`]: lock-free per-second counters and the batched flusher.
@@ -21,6 +23,8 @@
 //! - [`demo`]: `pushpace demo`, the whole pipeline with an embedded broker and sink.
 //! - [`sink`]: a loopback HTTP sink standing in for the push provider.
 //! - [`worker`]: the daemon: consumer → scheduler → sender → stats, and its shutdown.
+//! - [`distributed`]: `limiter.scope = "redis"`: campaign rates shared by several workers
+//!   through Redis leases, with a local fallback.
 //! - [`shutdown`]: the broadcast shutdown signal and completion wait.
 //! - [`api`]: the operator HTTP API and the live dashboard (axum).
 //! - [`metrics`]: the Prometheus recorder, the snapshot sampler and `sends_total`.
@@ -29,9 +33,12 @@
 
 pub mod api;
 pub mod broker;
+pub mod capping;
 pub mod cli_client;
 pub mod config;
 pub mod demo;
+pub mod distributed;
+pub mod hygiene;
 pub mod job;
 pub mod limiter;
 pub mod metrics;

@@ -39,7 +39,14 @@ pub enum Outcome {
     Failed = 1,
     /// Failed for now, to be tried again.
     Retried = 2,
+    /// Not sent: the token is recorded invalid (token hygiene).
+    SkippedInvalid = 3,
+    /// Not sent: the device is over its frequency cap (a policy outcome).
+    Capped = 4,
 }
+
+/// How many [`Outcome`]s there are (one counter word each).
+pub const OUTCOMES: usize = 5;
 
 /// Seconds since the Unix epoch (0 for a time before it).
 #[inline]
@@ -50,15 +57,15 @@ pub fn unix_second(t: SystemTime) -> u64 {
 /// Shared counters of one campaign.
 pub(crate) struct CampaignCells {
     pub(crate) id: Arc<str>,
-    ring: [[AtomicU64; 3]; RING_SECONDS as usize],
-    spill: Mutex<Vec<(u64, [u64; 3])>>,
+    ring: [[AtomicU64; OUTCOMES]; RING_SECONDS as usize],
+    spill: Mutex<Vec<(u64, [u64; OUTCOMES])>>,
 }
 
 impl CampaignCells {
     fn new(id: Arc<str>) -> Self {
         Self {
             id,
-            ring: [const { [const { AtomicU64::new(0) }; 3] }; RING_SECONDS as usize],
+            ring: [const { [const { AtomicU64::new(0) }; OUTCOMES] }; RING_SECONDS as usize],
             spill: Mutex::new(Vec::new()),
         }
     }
@@ -69,7 +76,7 @@ impl CampaignCells {
         if let Some(entry) = spill.iter_mut().rev().find(|(s, _)| *s == second) {
             entry.1[outcome as usize] += n;
         } else {
-            let mut counts = [0; 3];
+            let mut counts = [0; OUTCOMES];
             counts[outcome as usize] = n;
             spill.push((second, counts));
         }
@@ -275,10 +282,10 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    fn drained(recorder: &StatsRecorder) -> BTreeMap<(String, u64), [u64; 3]> {
+    fn drained(recorder: &StatsRecorder) -> BTreeMap<(String, u64), [u64; OUTCOMES]> {
         let mut out = BTreeMap::new();
         recorder.drain_counts(|id, second, outcome, n| {
-            let entry: &mut [u64; 3] = out.entry((id.to_string(), second)).or_default();
+            let entry: &mut [u64; OUTCOMES] = out.entry((id.to_string(), second)).or_default();
             entry[outcome] += n;
         });
         out
@@ -294,8 +301,8 @@ mod tests {
         a.record(1_700_000_001, Outcome::Retried, 7);
         a.record(1_700_000_000, Outcome::Sent, 0);
         let got = drained(&recorder);
-        assert_eq!(got[&("a".into(), 1_700_000_000)], [3, 1, 0]);
-        assert_eq!(got[&("a".into(), 1_700_000_001)], [2, 0, 7]);
+        assert_eq!(got[&("a".into(), 1_700_000_000)], [3, 1, 0, 0, 0]);
+        assert_eq!(got[&("a".into(), 1_700_000_001)], [2, 0, 7, 0, 0]);
         assert_eq!(got.len(), 2);
         assert!(
             drained(&recorder).is_empty(),
@@ -314,9 +321,9 @@ mod tests {
         // A writer whose clock is behind finds a newer lap there.
         a.record(1000 - RING_SECONDS, Outcome::Sent, 2);
         let got = drained(&recorder);
-        assert_eq!(got[&("a".into(), 1000)], [5, 0, 0]);
-        assert_eq!(got[&("a".into(), 1000 + RING_SECONDS)], [8, 0, 0]);
-        assert_eq!(got[&("a".into(), 1000 - RING_SECONDS)], [2, 0, 0]);
+        assert_eq!(got[&("a".into(), 1000)], [5, 0, 0, 0, 0]);
+        assert_eq!(got[&("a".into(), 1000 + RING_SECONDS)], [8, 0, 0, 0, 0]);
+        assert_eq!(got[&("a".into(), 1000 - RING_SECONDS)], [2, 0, 0, 0, 0]);
     }
 
     #[test]
@@ -329,7 +336,10 @@ mod tests {
         a.record(u64::from(u32::MAX) + 10, Outcome::Failed, 4);
         let got = drained(&recorder);
         assert_eq!(got[&("a".into(), 5)][0], 100 * u64::from(u32::MAX));
-        assert_eq!(got[&("a".into(), u64::from(u32::MAX) + 10)], [0, 4, 0]);
+        assert_eq!(
+            got[&("a".into(), u64::from(u32::MAX) + 10)],
+            [0, 4, 0, 0, 0]
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@
 //! batch finds the marker and skips the counts. A batch's rows are frozen once tried,
 //! and rows drained during an outage wait in the next batch.
 
-use super::counters::{lock, StatsRecorder};
+use super::counters::{lock, StatsRecorder, OUTCOMES};
 use super::progress::JobCell;
 use super::StatsError;
 use crate::store::listen::shutdown_requested;
@@ -104,7 +104,7 @@ struct Inner {
 /// Rows drained but not yet in a batch.
 #[derive(Default)]
 struct Pending {
-    seconds: HashMap<(Arc<str>, u64), [u64; 3]>,
+    seconds: HashMap<(Arc<str>, u64), [u64; OUTCOMES]>,
     /// By cell address: one entry per tracked job, holding its highest value.
     progress: HashMap<usize, (Arc<JobCell>, u32)>,
 }
@@ -118,7 +118,7 @@ impl Pending {
 /// Rows frozen for one transaction, sorted.
 struct Batch {
     seq: u64,
-    seconds: Vec<(Arc<str>, DateTime<Utc>, [i64; 3])>,
+    seconds: Vec<(Arc<str>, DateTime<Utc>, [i64; OUTCOMES])>,
     progress: Vec<(Arc<JobCell>, u32)>,
 }
 
@@ -426,6 +426,8 @@ impl Flusher {
                 .bind(column(0))
                 .bind(column(1))
                 .bind(column(2))
+                .bind(column(3))
+                .bind(column(4))
                 .execute(&mut *tx)
                 .await?;
         }
@@ -488,15 +490,17 @@ WITH marker AS (
 ), cleanup AS (
     DELETE FROM stats_flushes WHERE flusher_id = $1 AND seq < $2
 )
-INSERT INTO delivery_seconds AS d (campaign_id, second, sent, failed, retried)
-SELECT u.campaign_id, u.second, u.sent, u.failed, u.retried
-FROM UNNEST($3::text[], $4::timestamptz[], $5::int8[], $6::int8[], $7::int8[])
-    AS u(campaign_id, second, sent, failed, retried)
+INSERT INTO delivery_seconds AS d (campaign_id, second, sent, failed, retried, skipped_invalid, capped)
+SELECT u.campaign_id, u.second, u.sent, u.failed, u.retried, u.skipped_invalid, u.capped
+FROM UNNEST($3::text[], $4::timestamptz[], $5::int8[], $6::int8[], $7::int8[], $8::int8[], $9::int8[])
+    AS u(campaign_id, second, sent, failed, retried, skipped_invalid, capped)
 WHERE EXISTS (SELECT 1 FROM marker)
 ON CONFLICT (campaign_id, second) DO UPDATE SET
     sent = d.sent + EXCLUDED.sent,
     failed = d.failed + EXCLUDED.failed,
-    retried = d.retried + EXCLUDED.retried";
+    retried = d.retried + EXCLUDED.retried,
+    skipped_invalid = d.skipped_invalid + EXCLUDED.skipped_invalid,
+    capped = d.capped + EXCLUDED.capped";
 
 /// Upserts every job's progress in one statement. Progress only moves forward, so
 /// writing a value twice is harmless.

@@ -15,7 +15,7 @@ pub mod counters;
 pub mod flusher;
 pub mod progress;
 
-pub use counters::{unix_second, CampaignCounter, Outcome, StatsRecorder, RING_SECONDS};
+pub use counters::{unix_second, CampaignCounter, Outcome, StatsRecorder, OUTCOMES, RING_SECONDS};
 pub use flusher::{FlushReport, Flusher, FlusherConfig};
 pub use progress::{JobKey, JobProgressHandle};
 

@@ -18,6 +18,10 @@ pub struct Point {
     pub sent: i64,
     pub failed: i64,
     pub retried: i64,
+    /// Not sent: the token is recorded invalid.
+    pub skipped_invalid: i64,
+    /// Not sent: over the device's frequency cap.
+    pub capped: i64,
 }
 
 /// A campaign's counts over all time.
@@ -26,6 +30,10 @@ pub struct Totals {
     pub sent: i64,
     pub failed: i64,
     pub retried: i64,
+    /// Not sent: the token is recorded invalid.
+    pub skipped_invalid: i64,
+    /// Not sent: over the device's frequency cap.
+    pub capped: i64,
 }
 
 /// One point per second in `[from, to)` (both truncated to the second), seconds without
@@ -59,7 +67,8 @@ pub async fn series(
     }
     let points = sqlx::query_as(
         "SELECT g.t, COALESCE(d.sent, 0) AS sent, COALESCE(d.failed, 0) AS failed, \
-                COALESCE(d.retried, 0) AS retried \
+                COALESCE(d.retried, 0) AS retried, \
+                COALESCE(d.skipped_invalid, 0) AS skipped_invalid, COALESCE(d.capped, 0) AS capped \
          FROM generate_series($2::timestamptz, $3::timestamptz - interval '1 second', \
                               interval '1 second') AS g(t) \
          LEFT JOIN delivery_seconds d ON d.campaign_id = $1 AND d.second = g.t \
@@ -77,7 +86,9 @@ pub async fn series(
 pub async fn totals(pool: &PgPool, campaign_id: &str) -> Result<Totals, StoreError> {
     let totals = sqlx::query_as(
         "SELECT COALESCE(sum(sent), 0)::int8 AS sent, COALESCE(sum(failed), 0)::int8 AS failed, \
-                COALESCE(sum(retried), 0)::int8 AS retried \
+                COALESCE(sum(retried), 0)::int8 AS retried, \
+                COALESCE(sum(skipped_invalid), 0)::int8 AS skipped_invalid, \
+                COALESCE(sum(capped), 0)::int8 AS capped \
          FROM delivery_seconds WHERE campaign_id = $1",
     )
     .bind(campaign_id)

@@ -13,7 +13,7 @@ pub mod consumer;
 pub mod offsets;
 pub mod scheduler;
 
-use crate::config::{SenderKind, Settings};
+use crate::config::{LimiterScope, SenderKind, Settings};
 use crate::limiter::{Clock, MonotonicClock};
 use crate::sender::{AnySender, HttpSender, HttpSenderConfig, NullSender};
 use crate::shutdown::ShutdownController;
@@ -39,6 +39,8 @@ pub enum WorkerError {
     Sender(#[from] crate::sender::SenderError),
     #[error("a worker task failed: {0}")]
     Task(String),
+    #[error(transparent)]
+    Distributed(#[from] crate::distributed::DistributedError),
 }
 
 /// Builds the sender the settings ask for.
@@ -148,6 +150,18 @@ impl Worker {
         let (sched_stats_tx, scheduler_stats) = watch::channel(SchedulerStats::default());
         let (consumer_stats_tx, consumer_stats) = watch::channel(ConsumerStats::default());
 
+        // limiter.scope: whole rates per process, or shared through Redis leases.
+        let limiters: Arc<dyn scheduler::LimiterFactory> = match settings.limiter.scope {
+            LimiterScope::Local => Arc::new(scheduler::LocalLimiters),
+            LimiterScope::Redis => {
+                let f = crate::distributed::RedisLimiterFactory::new(
+                    crate::distributed::RedisConfig::from_settings(settings),
+                    Arc::clone(&clock),
+                )?;
+                f.watch_group(&bootstrap, &settings.kafka.group_id);
+                Arc::new(f)
+            }
+        };
         let scheduler = Scheduler::new(
             SchedulerConfig {
                 max_active_campaigns: w.max_active_campaigns,
@@ -158,7 +172,7 @@ impl Worker {
                 retry_base: Duration::from_millis(settings.sender.retry_base_ms),
                 retry_max: Duration::from_millis(settings.sender.retry_max_ms),
                 global_rate: settings.limiter.global_rate(),
-                limiters: Arc::new(scheduler::LocalLimiters),
+                limiters,
             },
             sender,
             recorder,

@@ -20,6 +20,7 @@
 //! delay. Lateness beyond `quantum_min` (a stalled process) is not made up, so a stall
 //! never turns into a burst larger than `rate × quantum_min`.
 
+use crate::capping::{CapDecision, FrequencyCap};
 use crate::job::Job;
 use crate::limiter::hierarchical::HierarchicalLimiter;
 use crate::limiter::{self, Algorithm, Clock, DynLimiter, Nanos, Rate, NANOS_PER_SEC};
@@ -96,6 +97,9 @@ pub struct IncomingJob {
     /// Devices already finished in an earlier run (from job_progress).
     pub already_done: u32,
     pub settings: CampaignSettings,
+    /// Device indexes (ascending) whose tokens are recorded invalid: marked done without
+    /// a send or a permit, counted as `skipped_invalid`.
+    pub skip_invalid: Vec<u32>,
 }
 
 /// Messages into the scheduler.
@@ -132,6 +136,9 @@ pub enum Event {
         reason: String,
         kind: DeadLetterKind,
     },
+    /// The provider said this token is gone for good (HTTP 410): record it, so that no
+    /// worker sends to it again.
+    InvalidToken { token: String, reason: String },
 }
 
 /// A finished send, from a spawned future back to the scheduler.
@@ -165,6 +172,8 @@ struct ActiveJob {
     done_prefix: u32,
     in_flight: u32,
     progress: JobProgressHandle,
+    /// Devices at or after `next` already marked done (skipped invalid tokens).
+    done_ahead: u32,
 }
 
 impl ActiveJob {
@@ -220,6 +229,10 @@ pub struct SchedulerStats {
     pub in_flight: usize,
     pub open_jobs: usize,
     pub sends: u64,
+    /// Devices not sent because their token is recorded invalid.
+    pub skipped_invalid: u64,
+    /// Devices not sent because they were over their frequency cap.
+    pub capped: u64,
     /// The campaigns this worker holds (active or waiting for a slot).
     pub campaigns: Arc<Vec<CampaignLive>>,
 }
@@ -266,6 +279,10 @@ pub struct Scheduler {
     in_round: bool,
     /// Campaigns that went idle during a round (capacity kept between rounds).
     deferred_release: Vec<u32>,
+    /// The per-device frequency cap, when enabled.
+    capping: Option<FrequencyCap>,
+    skipped_total: metrics::Counter,
+    capped_total: metrics::Counter,
 }
 
 impl Scheduler {
@@ -306,7 +323,20 @@ impl Scheduler {
             now_hint: 0,
             in_round: false,
             deferred_release: Vec::new(),
+            capping: None,
+            skipped_total: metrics::counter!("skipped_invalid_total"),
+            capped_total: metrics::counter!("capped_total"),
         }
+    }
+
+    /// Enables a per-device frequency cap (checked before each first attempt).
+    pub fn set_capping(&mut self, cap: Option<FrequencyCap>) {
+        self.capping = cap;
+    }
+
+    /// The frequency cap's counters, when enabled.
+    pub fn capping_stats(&self) -> Option<crate::capping::CapStats> {
+        self.capping.as_ref().map(|c| c.stats())
     }
 
     /// A snapshot, with every campaign (allocates: call it a few times a second at most).
@@ -335,6 +365,8 @@ impl Scheduler {
             open_jobs: self.jobs.len() - self.free_jobs.len(),
             max_active_seen: self.counters.max_active_seen,
             sends: self.counters.sends,
+            skipped_invalid: self.counters.skipped_invalid,
+            capped: self.counters.capped,
             campaigns: Arc::new(campaigns),
         }
     }
@@ -429,6 +461,7 @@ impl Scheduler {
             offset,
             already_done,
             settings,
+            skip_invalid,
         } = incoming;
         self.now_hint = self.now_hint.max(now);
         let total = job.devices.len() as u32;
@@ -456,9 +489,29 @@ impl Scheduler {
             done_prefix: 0,
             in_flight: 0,
             progress,
+            done_ahead: 0,
         };
         for i in 0..already_done {
             active.mark_done(i);
+        }
+        let mut skipped = 0u32;
+        for &i in skip_invalid
+            .iter()
+            .filter(|&&i| i >= already_done && i < total)
+        {
+            if !active.is_done(i) {
+                active.mark_done(i);
+                active.done_ahead += 1;
+                skipped += 1;
+            }
+        }
+        if skipped > 0 {
+            if let Some(c) = self.campaigns[cslot as usize].as_ref() {
+                c.counter
+                    .record(unix_now(), Outcome::SkippedInvalid, skipped);
+            }
+            self.counters.skipped_invalid += u64::from(skipped);
+            self.skipped_total.increment(u64::from(skipped));
         }
         if active.done_count == total {
             // Finished in an earlier run: nothing to send.
@@ -638,7 +691,7 @@ impl Scheduler {
         let mut undispatched: u32 = 0;
         for &j in &c.queue {
             if let Some(job) = self.jobs[j as usize].as_ref() {
-                undispatched = undispatched.saturating_add(job.total() - job.next);
+                undispatched = undispatched.saturating_add(job.total() - job.next - job.done_ahead);
                 if undispatched >= share {
                     break;
                 }
@@ -705,8 +758,34 @@ impl Scheduler {
             }
             let device = job.next;
             job.next += 1;
+            let skipped = job.is_done(device);
+            if skipped {
+                job.done_ahead -= 1;
+            }
+            // Step over devices skipped at intake, so a finished job is never queued.
+            while job.next < job.total() && job.is_done(job.next) {
+                job.next += 1;
+                job.done_ahead -= 1;
+            }
             if job.next == job.total() {
                 c.queue.pop_front();
+            }
+            if skipped {
+                // Skipped at intake: no send, and its permit goes to the next device.
+                continue;
+            }
+            if let Some(cap) = self.capping.as_mut() {
+                if cap.check(&job.job.devices[device as usize], now) == CapDecision::Capped {
+                    // A policy outcome: finished without a send; the permit is kept.
+                    c.counter.record(unix_sec, Outcome::Capped, 1);
+                    self.counters.capped += 1;
+                    self.capped_total.increment(1);
+                    job.mark_done(device);
+                    if job.done_count == job.total() {
+                        self.finish_job(jslot);
+                    }
+                    continue;
+                }
             }
             self.dispatch(slot, jslot, device, 0, now, unix_sec);
             left -= 1;
@@ -809,6 +888,14 @@ impl Scheduler {
             SendOutcome::Failed { status, reason } => {
                 c.counter.record(unix_sec, Outcome::Failed, 1);
                 c.failed += 1;
+                if status == Some(410) {
+                    if let Some(job) = self.jobs[slot as usize].as_ref() {
+                        let _ = self.events.send(Event::InvalidToken {
+                            token: job.job.devices[device as usize].clone(),
+                            reason: format!("HTTP 410: {reason}"),
+                        });
+                    }
+                }
                 let reason = match status {
                     Some(s) => format!("permanent failure (HTTP {s}): {reason}"),
                     None => format!("permanent failure: {reason}"),

@@ -199,3 +199,95 @@ pub async fn fresh_topic(partitions: i32) -> String {
         .expect("create topic");
     topic
 }
+
+/// `pushpace run` as a real process, configured through the environment.
+pub fn spawn_worker_process(
+    bootstrap: &str,
+    topic: &str,
+    group: &str,
+    db_url: &str,
+    sink_url: &str,
+    extra_env: &[(&str, &str)],
+) -> std::process::Child {
+    pushpace_bin()
+        .arg("run")
+        .envs(extra_env.iter().copied())
+        .env("PUSHPACE__KAFKA__BROKERS", bootstrap)
+        .env("PUSHPACE__KAFKA__TOPIC", topic)
+        .env("PUSHPACE__KAFKA__GROUP_ID", group)
+        .env("PUSHPACE__DATABASE__URL", db_url)
+        .env("PUSHPACE__SENDER__URL", sink_url)
+        .env("PUSHPACE__SENDER__MAX_IN_FLIGHT", "8")
+        .env("PUSHPACE__WORKER__STATS_FLUSH_MS", "200")
+        .env("PUSHPACE__HTTP__BIND", "127.0.0.1:0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start pushpace run")
+}
+
+pub fn sigterm_and_wait(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "worker did not stop within 30 s of SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A loopback TCP proxy (in front of PostgreSQL, say) that can be taken down (existing
+/// connections cut, new ones closed at once) and brought back.
+pub struct Proxy {
+    pub port: u16,
+    up: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(target: &'static str) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (up, up_rx) = tokio::sync::watch::channel(true);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut up = up_rx.clone();
+                if !*up.borrow_and_update() {
+                    continue; // dropped: the client sees the connection closed
+                }
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = up.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, up, task }
+    }
+
+    pub fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -477,48 +477,6 @@ fn oversized(size: usize) -> Vec<u8> {
     v
 }
 
-/// `pushpace run` as a real process, configured through the environment.
-fn spawn_worker_process(
-    topic: &str,
-    group: &str,
-    db_url: &str,
-    sink_url: &str,
-) -> std::process::Child {
-    crate::helpers::pushpace_bin()
-        .arg("run")
-        .env("PUSHPACE__KAFKA__BROKERS", brokers())
-        .env("PUSHPACE__KAFKA__TOPIC", topic)
-        .env("PUSHPACE__KAFKA__GROUP_ID", group)
-        .env("PUSHPACE__DATABASE__URL", db_url)
-        .env("PUSHPACE__SENDER__URL", sink_url)
-        .env("PUSHPACE__SENDER__MAX_IN_FLIGHT", "8")
-        .env("PUSHPACE__WORKER__STATS_FLUSH_MS", "200")
-        .env("PUSHPACE__HTTP__BIND", "127.0.0.1:0")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start pushpace run")
-}
-
-fn sigterm_and_wait(child: &mut std::process::Child) -> std::process::ExitStatus {
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(
-            Instant::now() < end,
-            "worker did not stop within 30 s of SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_run_then_restart_loses_nothing() {
     let (_pool, db_url) = fresh_database().await;
@@ -540,23 +498,25 @@ async fn sigterm_mid_run_then_restart_loses_nothing() {
         .unwrap();
     let group = unique_name("g");
 
-    let mut first = spawn_worker_process(&topic, &group, &db_url, &sink.url());
+    let mut first =
+        crate::helpers::spawn_worker_process(&brokers(), &topic, &group, &db_url, &sink.url(), &[]);
     // Wait until it is sending, then stop it mid-run.
     let end = Instant::now() + Duration::from_secs(30);
     while sink.summary().delivered < 800 && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let status = sigterm_and_wait(&mut first);
+    let status = crate::helpers::sigterm_and_wait(&mut first);
     assert!(status.success(), "graceful exit after SIGTERM: {status}");
     let at_stop = sink.summary().distinct_delivered;
     assert!(at_stop < 3000, "stopped mid-run ({at_stop} delivered)");
 
-    let mut second = spawn_worker_process(&topic, &group, &db_url, &sink.url());
+    let mut second =
+        crate::helpers::spawn_worker_process(&brokers(), &topic, &group, &db_url, &sink.url(), &[]);
     let end = Instant::now() + Duration::from_secs(60);
     while sink.summary().distinct_delivered < 3000 && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let status = sigterm_and_wait(&mut second);
+    let status = crate::helpers::sigterm_and_wait(&mut second);
     assert!(status.success(), "{status}");
     let s = sink.summary();
     assert_eq!(s.distinct_delivered, 3000, "no device missing");

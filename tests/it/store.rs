@@ -10,7 +10,6 @@ use sqlx::PgPool;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// An arbitrary second (2027) to record at, so tests do not depend on the wall clock.
@@ -421,52 +420,7 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
     assert_eq!(progress::lookup(&pool, "unknown").await.unwrap(), None);
 }
 
-/// A loopback TCP proxy in front of PostgreSQL that can be taken down (existing
-/// connections cut, new ones closed at once) and brought back.
-struct Proxy {
-    port: u16,
-    up: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(target: &'static str) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (up, up_rx) = watch::channel(true);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut client, _)) = listener.accept().await else {
-                    return;
-                };
-                let mut up = up_rx.clone();
-                if !*up.borrow_and_update() {
-                    continue; // dropped: the client sees the connection closed
-                }
-                tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = up.wait_for(|up| !*up) => {}
-                    }
-                });
-            }
-        });
-        Proxy { port, up, task }
-    }
-
-    fn set_up(&self, up: bool) {
-        self.up.send_replace(up);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+use crate::helpers::Proxy;
 
 fn with_port(url: &str, port: u16) -> String {
     let name = url.rsplit('/').next().unwrap();

@@ -1,0 +1,278 @@
+//! Distributed mode: the workers of one consumer group share each campaign's send_rate
+//! through Redis (`limiter.scope = "redis"`).
+//!
+//! The scheduler is synchronous, so Redis is never on its path. Each campaign's limiter
+//! is a [`LeasedLimiter`]: it spends permits from a local lease, and a background task
+//! per campaign refills the lease ahead of need with one atomic script call: about
+//! rate × `redis.lease_ms` / workers permits at a time (at least 1).
+//!
+//! - [`redis_gcra`]: the Lua GCRA; a lease is a run of exact slots of the campaign's
+//!   schedule, so the workers together keep one smooth schedule.
+//! - [`redis_sliding_window`]: Criteo's weighted two-window approximation, as a second
+//!   algorithm and a comparison.
+//! - [`lease`]: the lease-spending limiter and its refill task.
+//! - [`fallback`]: Redis unreachable: a local limiter at send_rate / workers, the number
+//!   of workers taken from the consumer group's membership or `limiter.workers_estimate`.
+
+pub mod fallback;
+pub mod lease;
+pub mod redis_gcra;
+pub mod redis_sliding_window;
+
+pub use crate::config::RedisAlgorithm;
+pub use fallback::Membership;
+pub use lease::LeasedLimiter;
+
+use crate::config::Settings;
+use crate::limiter::{Algorithm, Clock, DynLimiter, Rate};
+use crate::worker::scheduler::LimiterFactory;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use secrecy::{ExposeSecret, SecretString};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// Errors of the distributed mode.
+#[derive(Debug, thiserror::Error)]
+pub enum DistributedError {
+    #[error("redis.url: {0}")]
+    Url(#[source] redis::RedisError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis: not connected")]
+    NotConnected,
+    #[error("redis: no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the distributed limiters need a Tokio runtime")]
+    NoRuntime,
+}
+
+/// One answer of a lease script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseAnswer {
+    /// `permits` slots, the first `offset_micros` from the script's "now" (negative when
+    /// the burst lets the lease start in the past), spaced by the campaign's interval.
+    Granted { permits: u32, offset_micros: i64 },
+    /// Nothing now; ask again after this long.
+    Wait(Duration),
+}
+
+/// What the distributed limiters need from the settings.
+#[derive(Clone)]
+pub struct RedisConfig {
+    pub url: SecretString,
+    pub connect_timeout: Duration,
+    pub algorithm: RedisAlgorithm,
+    /// The slice a lease covers.
+    pub lease: Duration,
+    pub key_prefix: String,
+    pub workers_estimate: u32,
+}
+
+impl RedisConfig {
+    pub fn from_settings(settings: &Settings) -> RedisConfig {
+        RedisConfig {
+            url: settings.redis.url.clone(),
+            connect_timeout: settings.redis.connect_timeout(),
+            algorithm: settings.redis.algorithm,
+            lease: Duration::from_millis(settings.redis.lease_ms),
+            key_prefix: settings.redis.key_prefix.clone(),
+            workers_estimate: settings.limiter.workers_estimate.max(1),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &crate::config::redact_url(self.url.expose_secret()))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("algorithm", &self.algorithm)
+            .field("lease", &self.lease)
+            .field("key_prefix", &self.key_prefix)
+            .field("workers_estimate", &self.workers_estimate)
+            .finish()
+    }
+}
+
+/// Builds [`LeasedLimiter`]s that share each campaign's rate through Redis. Cheap to
+/// clone; clones share the connection, counters and membership.
+#[derive(Clone)]
+pub struct RedisLimiterFactory {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: RedisConfig,
+    conn: Mutex<Option<ConnectionManager>>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) runtime: tokio::runtime::Handle,
+    round_trips: AtomicU64,
+    pub(crate) membership: Membership,
+    /// Whether the outage has been logged (once per outage, not per campaign).
+    outage_logged: AtomicBool,
+}
+
+impl RedisLimiterFactory {
+    /// Starts connecting in the background (start-up never waits for Redis: until it
+    /// answers, campaigns run on the fallback). Must be called inside a Tokio runtime;
+    /// `clock` must be the scheduler's.
+    pub fn new(
+        config: RedisConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<RedisLimiterFactory, DistributedError> {
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| DistributedError::NoRuntime)?;
+        let client =
+            redis::Client::open(config.url.expose_secret()).map_err(DistributedError::Url)?;
+        let inner = Arc::new(Inner {
+            membership: Membership::new(config.workers_estimate),
+            config,
+            conn: Mutex::new(None),
+            clock,
+            runtime,
+            round_trips: AtomicU64::new(0),
+            outage_logged: AtomicBool::new(false),
+        });
+        inner.runtime.spawn(connect(Arc::downgrade(&inner), client));
+        Ok(RedisLimiterFactory { inner })
+    }
+
+    /// Lease script calls made so far (every EVALSHA, granted or not).
+    pub fn round_trips(&self) -> u64 {
+        self.inner.round_trips.load(Relaxed)
+    }
+
+    /// The workers the rate is divided among (lease sizes, fallback rate).
+    pub fn workers(&self) -> u32 {
+        self.inner.membership.workers()
+    }
+
+    pub fn membership(&self) -> &Membership {
+        &self.inner.membership
+    }
+
+    /// Whether a connection to Redis has been made (it reconnects by itself afterwards).
+    pub fn is_connected(&self) -> bool {
+        crate::limiter::lock(&self.inner.conn).is_some()
+    }
+
+    /// Follows the consumer group's live members, for [`Self::workers`]; see
+    /// [`fallback::watch_group`].
+    pub fn watch_group(&self, bootstrap: &str, group_id: &str) {
+        fallback::watch_group(Arc::downgrade(&self.inner), bootstrap, group_id);
+    }
+
+    /// A campaign limiter of `redis.algorithm` (the campaign's own `algorithm` applies in
+    /// local scope only).
+    pub fn limiter(&self, campaign: &str, rate: Rate, burst: u32) -> LeasedLimiter {
+        LeasedLimiter::start(Arc::clone(&self.inner), campaign, rate, burst)
+    }
+}
+
+impl std::fmt::Debug for RedisLimiterFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiterFactory")
+            .field("config", &self.inner.config)
+            .field("round_trips", &self.round_trips())
+            .field("workers", &self.workers())
+            .finish()
+    }
+}
+
+impl LimiterFactory for RedisLimiterFactory {
+    fn build(&self, campaign: &str, _algorithm: Algorithm, rate: Rate, burst: u32) -> DynLimiter {
+        Arc::new(self.limiter(campaign, rate, burst))
+    }
+}
+
+impl Inner {
+    fn connection(&self) -> Option<ConnectionManager> {
+        crate::limiter::lock(&self.conn).clone()
+    }
+
+    /// One lease script call, bounded by the connect timeout.
+    pub(crate) async fn lease(
+        &self,
+        key: &str,
+        rate: Rate,
+        burst: u32,
+        n: u32,
+    ) -> Result<LeaseAnswer, DistributedError> {
+        let mut conn = self.connection().ok_or(DistributedError::NotConnected)?;
+        self.round_trips.fetch_add(1, Relaxed);
+        metrics::counter!("redis_round_trips_total").increment(1);
+        let limit = self.config.connect_timeout;
+        let call = async {
+            match self.config.algorithm {
+                RedisAlgorithm::RedisGcra => {
+                    redis_gcra::lease(&mut conn, key, rate, burst, n, 2 * self.config.lease).await
+                }
+                RedisAlgorithm::RedisSlidingWindow => {
+                    redis_sliding_window::lease(&mut conn, key, rate, burst, n).await
+                }
+            }
+        };
+        tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| DistributedError::Timeout(limit))?
+    }
+
+    /// The key of a campaign for the configured algorithm.
+    pub(crate) fn key(&self, campaign: &str) -> String {
+        match self.config.algorithm {
+            RedisAlgorithm::RedisGcra => redis_gcra::key(&self.config.key_prefix, campaign),
+            RedisAlgorithm::RedisSlidingWindow => {
+                redis_sliding_window::key(&self.config.key_prefix, campaign)
+            }
+        }
+    }
+
+    /// Logs the first failure of an outage, once for all campaigns.
+    pub(crate) fn outage(&self, error: &DistributedError) {
+        if !self.outage_logged.swap(true, Relaxed) {
+            tracing::warn!(
+                %error,
+                workers = self.membership.workers(),
+                "redis unreachable; campaigns fall back to local limiters at send_rate / workers"
+            );
+        }
+    }
+
+    /// Logs the end of an outage, once.
+    pub(crate) fn recovered(&self) {
+        if self.outage_logged.swap(false, Relaxed) {
+            tracing::info!("redis answers again; campaigns back on shared leases");
+        }
+    }
+}
+
+/// Makes the first connection, retrying until Redis answers; the connection manager
+/// reconnects by itself after that.
+async fn connect(inner: Weak<Inner>, client: redis::Client) {
+    loop {
+        let Some(i) = inner.upgrade() else { return };
+        let timeout = i.config.connect_timeout;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(timeout)
+            .set_response_timeout(timeout)
+            .set_number_of_retries(1)
+            .set_max_delay(1000);
+        match tokio::time::timeout(
+            timeout,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => {
+                *crate::limiter::lock(&i.conn) = Some(conn);
+                i.recovered();
+                return;
+            }
+            Ok(Err(e)) => i.outage(&DistributedError::Redis(e)),
+            Err(_) => i.outage(&DistributedError::Timeout(timeout)),
+        }
+        drop(i);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -1,0 +1,224 @@
+//! Token hygiene: tokens the provider called gone for good are never sent again.
+//!
+//! When a send answers HTTP 410, the token's SHA-256 goes into the `invalid_tokens`
+//! table (with the reason and when it was first seen) and into an in-memory
+//! [`BloomFilter`]. At job intake every token is checked against the filter: "certainly
+//! not invalid" (nearly all of them) costs no database access; the "maybe" ones of a
+//! job are checked against the table in one batched query. Only tokens the table holds
+//! are skipped, so a false positive costs one indexed lookup, never a notification.
+//!
+//! The filter is built from the whole table at start and kept in step with other
+//! workers by an incremental reload (rows whose `first_seen` is newer than the last
+//! reload, minus an overlap that covers transactions committing late).
+//!
+//! - [`bloom`]: the lock-free Bloom filter and its sizing.
+
+pub mod bloom;
+
+pub use bloom::{BloomError, BloomFilter};
+
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Errors of token hygiene.
+#[derive(Debug, thiserror::Error)]
+pub enum HygieneError {
+    #[error(transparent)]
+    Bloom(#[from] BloomError),
+    #[error("invalid_tokens: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// A token's identity in `invalid_tokens`: its SHA-256 (tokens themselves are not kept).
+pub type TokenHash = [u8; 32];
+
+/// SHA-256 of the token's UTF-8 bytes.
+pub fn token_hash(token: &str) -> TokenHash {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// The Bloom filter's key: the first 128 bits of the token hash.
+#[inline]
+pub fn bloom_key(hash: &TokenHash) -> u128 {
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&hash[..16]);
+    u128::from_le_bytes(first)
+}
+
+/// How far back an incremental reload looks past the newest row it has seen: rows are
+/// inserted by single short statements, so one committing later than this is not expected.
+const RELOAD_OVERLAP_SECS: i64 = 60;
+
+/// Counts since start (for metrics, tests and the benchmark).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HygieneStats {
+    /// Tokens checked at intake.
+    pub checks: u64,
+    /// Tokens the filter could not rule out.
+    pub maybe: u64,
+    /// Batched lookups against the table (at most one per job).
+    pub lookups: u64,
+    /// Tokens the table confirmed invalid (skipped).
+    pub invalid: u64,
+    /// Tokens recorded as invalid by this worker.
+    pub recorded: u64,
+    /// Rows loaded into the filter from the table.
+    pub loaded: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    checks: AtomicU64,
+    maybe: AtomicU64,
+    lookups: AtomicU64,
+    invalid: AtomicU64,
+    recorded: AtomicU64,
+    loaded: AtomicU64,
+}
+
+/// The filter in front of `invalid_tokens`. Shared (`Arc`) by the consumer thread.
+pub struct TokenHygiene {
+    pool: PgPool,
+    filter: BloomFilter,
+    /// The newest `first_seen` loaded so far.
+    loaded_until: Mutex<Option<DateTime<Utc>>>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for TokenHygiene {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenHygiene")
+            .field("filter", &self.filter)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenHygiene {
+    /// Sizes the filter for `expected_tokens` at `false_positive_rate` and loads the table.
+    pub async fn start(
+        pool: PgPool,
+        expected_tokens: u64,
+        false_positive_rate: f64,
+    ) -> Result<Self, HygieneError> {
+        let filter = BloomFilter::with_rate(expected_tokens, false_positive_rate)?;
+        Self::with_filter(pool, filter).await
+    }
+
+    /// Uses `filter` (e.g. a tiny one in tests) and loads the table into it.
+    pub async fn with_filter(pool: PgPool, filter: BloomFilter) -> Result<Self, HygieneError> {
+        let h = Self {
+            pool,
+            filter,
+            loaded_until: Mutex::new(None),
+            counters: Counters::default(),
+        };
+        h.reload().await?;
+        Ok(h)
+    }
+
+    fn lock_loaded(&self) -> std::sync::MutexGuard<'_, Option<DateTime<Utc>>> {
+        self.loaded_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds the rows other workers recorded since the last reload; returns how many rows
+    /// were read (the overlap re-reads a few; adding them again is harmless).
+    pub async fn reload(&self) -> Result<usize, HygieneError> {
+        let since = *self.lock_loaded();
+        let since = since.map(|t| t - ChronoDuration::seconds(RELOAD_OVERLAP_SECS));
+        let rows: Vec<(Vec<u8>, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT token_hash, first_seen FROM invalid_tokens \
+             WHERE $1::timestamptz IS NULL OR first_seen >= $1",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut newest = None;
+        for (hash, seen) in &rows {
+            if let Ok(hash) = <TokenHash>::try_from(hash.as_slice()) {
+                self.filter.insert(bloom_key(&hash));
+            }
+            newest = newest.max(Some(*seen));
+        }
+        let mut loaded = self.lock_loaded();
+        *loaded = (*loaded).max(newest);
+        self.counters
+            .loaded
+            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        Ok(rows.len())
+    }
+
+    /// The indexes of `tokens` that are recorded invalid. Tokens the filter rules out
+    /// cost nothing; the rest are checked in one query. Indexes are in ascending order.
+    pub async fn invalid_among(&self, tokens: &[String]) -> Result<Vec<u32>, HygieneError> {
+        self.counters
+            .checks
+            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        let mut maybe: Vec<(u32, TokenHash)> = Vec::new();
+        for (i, t) in tokens.iter().enumerate() {
+            let hash = token_hash(t);
+            if self.filter.may_contain(bloom_key(&hash)) {
+                maybe.push((i as u32, hash));
+            }
+        }
+        if maybe.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.counters
+            .maybe
+            .fetch_add(maybe.len() as u64, Ordering::Relaxed);
+        self.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        let hashes: Vec<Vec<u8>> = maybe.iter().map(|(_, h)| h.to_vec()).collect();
+        let found: Vec<Vec<u8>> =
+            sqlx::query_scalar("SELECT token_hash FROM invalid_tokens WHERE token_hash = ANY($1)")
+                .bind(&hashes)
+                .fetch_all(&self.pool)
+                .await?;
+        let found: HashSet<Vec<u8>> = found.into_iter().collect();
+        let invalid: Vec<u32> = maybe
+            .into_iter()
+            .filter(|(_, h)| found.contains(h.as_slice()))
+            .map(|(i, _)| i)
+            .collect();
+        self.counters
+            .invalid
+            .fetch_add(invalid.len() as u64, Ordering::Relaxed);
+        Ok(invalid)
+    }
+
+    /// Records a token as gone for good (idempotent) and adds it to the filter.
+    pub async fn record_invalid(&self, token: &str, reason: &str) -> Result<(), HygieneError> {
+        let hash = token_hash(token);
+        sqlx::query(
+            "INSERT INTO invalid_tokens (token_hash, reason) VALUES ($1, $2) \
+             ON CONFLICT (token_hash) DO NOTHING",
+        )
+        .bind(hash.as_slice())
+        .bind(reason)
+        .execute(&self.pool)
+        .await?;
+        self.filter.insert(bloom_key(&hash));
+        self.counters.recorded.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn filter(&self) -> &BloomFilter {
+        &self.filter
+    }
+
+    pub fn stats(&self) -> HygieneStats {
+        let c = &self.counters;
+        HygieneStats {
+            checks: c.checks.load(Ordering::Relaxed),
+            maybe: c.maybe.load(Ordering::Relaxed),
+            lookups: c.lookups.load(Ordering::Relaxed),
+            invalid: c.invalid.load(Ordering::Relaxed),
+            recorded: c.recorded.load(Ordering::Relaxed),
+            loaded: c.loaded.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Things break: the worker is killed, the broker restarts, PostgreSQL goes away.
+//! Nothing may be lost, and the damage (duplicates) must stay within its bound.
+//! The long versions of these suites are scripts; see docs/RELIABILITY.md.
+
+use crate::helpers::{
+    brokers, fresh_database, fresh_topic, sigterm_and_wait, spawn_worker_process, unique_name,
+    Proxy, TansuBroker,
+};
+use pushpace::limiter::{Algorithm, Rate};
+use pushpace::produce::{PlannedCampaign, ProducePlan};
+use pushpace::sink::{Sink, SinkConfig, SinkHandle};
+use std::time::{Duration, Instant};
+
+fn plan(campaigns: &[(f64, usize)]) -> ProducePlan {
+    let run_id = unique_name("rel").replace('_', "-");
+    ProducePlan {
+        campaigns: campaigns
+            .iter()
+            .enumerate()
+            .map(|(i, (rate, devices))| PlannedCampaign {
+                id: format!("{run_id}-c{i}"),
+                send_rate: Rate::per_second(*rate).unwrap(),
+                devices: *devices,
+            })
+            .collect(),
+        job_size: 200,
+        algorithm: Some(Algorithm::Gcra),
+        run_id,
+    }
+}
+
+async fn wait_delivered(sink: &SinkHandle, at_least: u64, limit: Duration) {
+    let end = Instant::now() + limit;
+    while sink.summary().distinct_delivered < at_least && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn kill9(child: &mut std::process::Child) {
+    let _ = child.kill(); // SIGKILL
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_and_restart_loses_nothing_and_bounds_duplicates() {
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(4).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let rate = 1000.0;
+    let plan = plan(&[(rate, 6000), (rate / 2.0, 3000)]);
+    let total = plan.total_devices() as u64;
+    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+        .await
+        .unwrap();
+    let group = unique_name("g");
+    let flush_ms = 200u64;
+    let in_flight = 16u64;
+    let env = [("PUSHPACE__SENDER__MAX_IN_FLIGHT", "16")];
+    let mut kills = 0;
+    let mut last_dups = 0;
+    let mut max_dups_per_crash = 0;
+    while kills < 3 {
+        let mut w = spawn_worker_process(&brokers(), &topic, &group, &db_url, &sink.url(), &env);
+        let before = sink.summary().distinct_delivered;
+        wait_delivered(&sink, (before + 1500).min(total), Duration::from_secs(30)).await;
+        if sink.summary().distinct_delivered >= total {
+            sigterm_and_wait(&mut w);
+            break;
+        }
+        kill9(&mut w);
+        kills += 1;
+        // Duplicates appear after the restart that re-sends the unflushed devices.
+        let dups = sink.summary().duplicates;
+        max_dups_per_crash = max_dups_per_crash.max(dups - last_dups);
+        last_dups = dups;
+    }
+    let mut w = spawn_worker_process(&brokers(), &topic, &group, &db_url, &sink.url(), &env);
+    wait_delivered(&sink, total, Duration::from_secs(60)).await;
+    let status = sigterm_and_wait(&mut w);
+    assert!(status.success());
+    let s = sink.summary();
+    assert_eq!(
+        s.distinct_delivered, total,
+        "lost devices after {kills} kill -9"
+    );
+    // Per crash: the sends of one flush interval (at both campaigns' summed rate, with
+    // half an interval of slack for the flush's own duration) plus those in flight.
+    let summed_rate = rate * 1.5;
+    let per_crash_bound = (1.5 * summed_rate * flush_ms as f64 / 1000.0) as u64 + in_flight;
+    assert!(
+        s.duplicates <= kills as u64 * per_crash_bound,
+        "{} duplicates after {kills} crashes (bound {per_crash_bound} per crash; max seen between kills {max_dups_per_crash})",
+        s.duplicates
+    );
+    // delivery_seconds counts each delivery the worker flushed; the ones sent but not
+    // flushed before a kill are the duplicates' originals, so the table is at least the
+    // distinct count and at most all deliveries.
+    let recorded: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(sent), 0)::bigint FROM delivery_seconds")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        recorded as u64 >= total && recorded as u64 <= s.delivered,
+        "recorded {recorded}, distinct {total}, delivered {}",
+        s.delivered
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_mid_run_loses_nothing() {
+    let mut broker = TansuBroker::start().await;
+    let bootstrap = broker.bootstrap();
+    let (_pool, db_url) = fresh_database().await;
+    let topic = unique_name("jobs");
+    pushpace::broker::ensure_topic(&bootstrap, &topic, 4)
+        .await
+        .unwrap();
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let plan = plan(&[(500.0, 3000)]);
+    let total = plan.total_devices() as u64;
+    pushpace::produce::produce(&bootstrap, &topic, &plan, |_| {})
+        .await
+        .unwrap();
+    let group = unique_name("g");
+    let mut w = spawn_worker_process(&bootstrap, &topic, &group, &db_url, &sink.url(), &[]);
+    wait_delivered(&sink, 800, Duration::from_secs(30)).await;
+    broker.restart().await;
+    wait_delivered(&sink, total, Duration::from_secs(90)).await;
+    let status = sigterm_and_wait(&mut w);
+    assert!(status.success());
+    let s = sink.summary();
+    assert_eq!(
+        s.distinct_delivered, total,
+        "lost devices across the broker restart"
+    );
+    let c = sink.campaign(&plan.campaigns[0].id).unwrap();
+    let max_1s = sink.max_in_window(&c.campaign_id, Duration::from_secs(1));
+    assert!(
+        max_1s <= 511,
+        "rate exceeded after reconnecting: {max_1s} in 1 s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_pauses_sending_and_the_totals_are_exact_after() {
+    let (pool, db_url) = fresh_database().await;
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let name = db_url.rsplit('/').next().unwrap();
+    let proxied_url = format!("postgres://postgres@127.0.0.1:{}/{name}", proxy.port);
+    let topic = fresh_topic(2).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let plan = plan(&[(400.0, 4000)]);
+    let id = plan.campaigns[0].id.clone();
+    let total = plan.total_devices() as u64;
+    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+        .await
+        .unwrap();
+    // A small in-memory bound so that the outage reaches it within seconds.
+    let env = [
+        ("PUSHPACE__WORKER__STATS_FLUSH_MS", "200"),
+        ("PUSHPACE__DATABASE__CONNECT_TIMEOUT_MS", "500"),
+    ];
+    let mut w = spawn_worker_process(
+        &brokers(),
+        &topic,
+        &unique_name("g"),
+        &proxied_url,
+        &sink.url(),
+        &env,
+    );
+    wait_delivered(&sink, 600, Duration::from_secs(30)).await;
+    proxy.set_up(false);
+    let at_outage = sink.summary().delivered;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let during = sink.summary().delivered - at_outage;
+    proxy.set_up(true);
+    wait_delivered(&sink, total, Duration::from_secs(60)).await;
+    let status = sigterm_and_wait(&mut w);
+    assert!(status.success());
+    let s = sink.summary();
+    assert_eq!(
+        s.distinct_delivered, total,
+        "nothing lost across the outage"
+    );
+    // Sending may go on from buffered work, but never above the rate.
+    assert!(
+        during <= (6.0 * 400.0 * 1.02) as u64 + 1,
+        "{during} sends in 6 s at 400/s"
+    );
+    eprintln!("database outage: {during} sends during 6 s (buffered work), totals exact after");
+    let recorded: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(sent), 0)::bigint FROM delivery_seconds WHERE campaign_id = $1",
+    )
+    .bind(&id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        recorded as u64, s.delivered,
+        "delivery_seconds exact after recovery"
+    );
+}
