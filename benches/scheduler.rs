@@ -87,6 +87,7 @@ fn load(s: &mut Scheduler, round: usize) {
                     burst: 0,
                     paused: false,
                 },
+                skip_invalid: Vec::new(),
             },
             0,
         );

@@ -78,6 +78,16 @@ enum Command {
     Stats(pushpace::cli_client::StatsArgs),
     /// Print the effective settings (secrets hidden).
     Config,
+    /// A loopback stand-in for the push provider, for load tests and the reliability
+    /// scripts: `GET /_sink/stats` returns what it saw, `PUT /_sink/behaviour` changes its answers.
+    Sink(SinkArgs),
+}
+
+#[derive(Args, Debug)]
+struct SinkArgs {
+    /// Where to listen (loopback).
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    bind: std::net::SocketAddr,
 }
 
 #[derive(Args, Debug)]
@@ -144,6 +154,15 @@ async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Produce(args) => produce(&settings, &args).await,
+        Command::Sink(args) => {
+            let config = pushpace::sink::SinkConfig {
+                bind: args.bind,
+                ..Default::default()
+            };
+            let summary = pushpace::sink::serve_until(config, wait_for_signal()).await?;
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+            Ok(())
+        }
         Command::Campaign(args) => {
             print!(
                 "{}",

@@ -3,8 +3,9 @@
 //! Each window of `length` has its own counter key (`INCRBY`, then `PEXPIRE` so that it
 //! disappears two windows later). The count over the sliding window ending now is
 //! estimated as `previous × (1 − elapsed fraction) + current`: the previous window's
-//! requests are assumed evenly spread. A lease takes as many permits as fit under the
-//! window's limit, up to `n`, in one script (one round trip). The estimate is cheap but
+//! requests are assumed evenly spread. A lease takes permits under the window's limit
+//! in one script (one round trip): a whole lease of `n` (at most the
+//! limit) or, when it does not fit yet, the wait until it does. The estimate is cheap but
 //! not exact: when the previous window's sends were bunched, the real count over a
 //! sliding second can exceed the limit; docs/BENCHMARKS.md measures by how much.
 
@@ -15,7 +16,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 /// KEYS[1]: the campaign's key prefix. ARGV: limit per window, window ms, n. Returns
-/// `{k, 0}` with k ≥ 1, or `{0, wait_µs}`.
+/// `{min(n, limit), 0}`, or `{0, wait_µs}`.
 pub const LUA: &str = r#"
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -29,16 +30,18 @@ local cur = tonumber(redis.call('GET', cur_key) or '0')
 local into = now_ms - idx * w
 local weighted = prev * (w - into) / w
 local room = math.floor(limit - weighted - cur)
-if room < 1 then
+-- whole leases only: granting the last few permits one by one would cost a round
+-- trip each
+local k = math.min(n, limit)
+if room < k then
   -- until the previous window's weight has fallen enough, or the window turns
   local wait_ms = w - into
   if prev > 0 then
-    local need = weighted + cur + 1 - limit
+    local need = weighted + cur + k - limit
     wait_ms = math.min(wait_ms, math.ceil(need * w / prev))
   end
   return {0, math.max(1, wait_ms) * 1000}
 end
-local k = math.min(n, room)
 redis.call('INCRBY', cur_key, k)
 redis.call('PEXPIRE', cur_key, 2 * w + 1000)
 return {k, 0}

@@ -1,7 +1,7 @@
 //! A lock-free Bloom filter of `AtomicU64` words, for "certainly not in the set" checks.
 //!
 //! Sizing (the textbook optimum for `n` items and false-positive rate `p`):
-//! `m = -n ln p / (ln 2)^2` bits and `k = (m / n) ln 2` hash functions. For 10,000,000
+//! `m = -n ln p / (ln 2)^2` bits and `k = (m / n) ln 2 = -log2 p` hashes. For 10,000,000
 //! tokens at 1 % that is 95.9 Mbit (11.4 MiB, 9.59 bits per entry) and k = 7. The bit
 //! count is rounded up to a power of two so an index is a mask, not a division; that
 //! only lowers the false-positive rate.
@@ -62,7 +62,9 @@ impl BloomFilter {
         let bits = (-n * false_positive_rate.ln() / (ln2 * ln2))
             .ceil()
             .max(64.0);
-        let hashes = ((bits / n) * ln2).round().clamp(1.0, 32.0) as u32;
+        // k = (m / n) ln 2 = -log2 p, from the unrounded optimum: rounding m up only
+        // lowers the rate, and must not raise k.
+        let hashes = (-false_positive_rate.log2()).round().clamp(1.0, 32.0) as u32;
         let log2 = (bits as u64).next_power_of_two().trailing_zeros();
         if log2 > MAX_BITS_LOG2 {
             return Err(BloomError::TooLarge(expected_items));

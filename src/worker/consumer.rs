@@ -16,6 +16,7 @@
 use super::offsets::OffsetTracker;
 use super::scheduler::{CampaignSettings, Control, Event, IncomingJob};
 use crate::config::KafkaSettings;
+use crate::hygiene::TokenHygiene;
 use crate::job::{self, Job};
 use crate::shutdown::Shutdown;
 use crate::stats::JobProgressHandle;
@@ -60,6 +61,10 @@ pub struct ConsumerParams {
     pub flush_now: FlushNow,
     pub stats: tokio::sync::watch::Sender<ConsumerStats>,
     pub runtime: Handle,
+    /// Token hygiene (skip tokens recorded invalid, record 410s), when enabled.
+    pub hygiene: Option<Arc<TokenHygiene>>,
+    /// How often the hygiene filter re-reads rows other workers added.
+    pub hygiene_reload: Duration,
 }
 
 #[derive(Default)]
@@ -82,6 +87,7 @@ struct State {
     pool: PgPool,
     runtime: Handle,
     stats: ConsumerStats,
+    hygiene: Option<Arc<TokenHygiene>>,
 }
 
 impl State {
@@ -120,6 +126,11 @@ impl State {
                     write_dead_letter(&self.pool, &self.runtime, &letter);
                     self.stats.dead_letters += 1;
                     metrics::counter!("dead_letters_total", "kind" => kind.as_str()).increment(1);
+                }
+                Ok(Event::InvalidToken { token, reason }) => {
+                    if let Some(h) = &self.hygiene {
+                        record_invalid(h, &self.runtime, &token, &reason);
+                    }
                 }
                 Err(std::sync::mpsc::TryRecvError::Empty) => break,
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -182,6 +193,26 @@ fn write_dead_letter(pool: &PgPool, rt: &Handle, letter: &DeadLetter<'_>) {
             Err(e) => {
                 if !logged {
                     tracing::warn!(error = %e, "cannot write a dead letter; retrying (consumption waits)");
+                    logged = true;
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Records a token as invalid, retrying until it is stored: like a dead letter, it is
+/// never dropped (consumption waits).
+fn record_invalid(hygiene: &TokenHygiene, rt: &Handle, token: &str, reason: &str) {
+    let mut backoff = Duration::from_millis(100);
+    let mut logged = false;
+    loop {
+        match rt.block_on(hygiene.record_invalid(token, reason)) {
+            Ok(()) => return,
+            Err(e) => {
+                if !logged {
+                    tracing::warn!(error = %e, "cannot record an invalid token; retrying (consumption waits)");
                     logged = true;
                 }
                 std::thread::sleep(backoff);
@@ -277,6 +308,8 @@ pub fn spawn(
         flush_now,
         stats,
         runtime,
+        hygiene,
+        hygiene_reload,
     } = params;
     let state = Arc::new(Mutex::new(State {
         topic: kafka.topic.clone(),
@@ -288,6 +321,7 @@ pub fn spawn(
         pool: pool.clone(),
         runtime: runtime.clone(),
         stats: ConsumerStats::default(),
+        hygiene: hygiene.clone(),
     }));
     let flush_for_loop = flush_now.clone();
     let ctx = Ctx {
@@ -323,10 +357,16 @@ pub fn spawn(
                 stats,
                 db_down: Default::default(),
                 flush_now: flush_for_loop,
+                hygiene,
             };
             let mut last_commit = Instant::now();
+            let mut last_reload = Instant::now();
             while !shutdown.poll_now() {
                 loop_state.step();
+                if last_reload.elapsed() >= hygiene_reload {
+                    loop_state.reload_hygiene();
+                    last_reload = Instant::now();
+                }
                 if last_commit.elapsed() >= commit_every {
                     loop_state.with_state(|s, c| s.commit(c, CommitMode::Async, false));
                     last_commit = Instant::now();
@@ -352,9 +392,44 @@ struct Loop {
     stats: tokio::sync::watch::Sender<ConsumerStats>,
     db_down: std::cell::Cell<bool>,
     flush_now: FlushNow,
+    hygiene: Option<Arc<TokenHygiene>>,
 }
 
 impl Loop {
+    /// Adds the invalid tokens other workers recorded since the last reload.
+    fn reload_hygiene(&self) {
+        if let Some(h) = &self.hygiene {
+            if let Err(e) = self.runtime.block_on(h.reload()) {
+                tracing::warn!(error = %e, "invalid-token reload failed; retried at the next interval");
+            }
+        }
+    }
+
+    /// The devices of `job` whose tokens are recorded invalid (one query at most).
+    fn invalid_devices(&self, job: &Job) -> Vec<u32> {
+        let Some(h) = &self.hygiene else {
+            return Vec::new();
+        };
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.runtime.block_on(h.invalid_among(&job.devices)) {
+                Ok(v) => {
+                    if self.db_down.replace(false) {
+                        tracing::info!("database reachable again");
+                    }
+                    return v;
+                }
+                Err(e) => {
+                    if !self.db_down.replace(true) {
+                        tracing::warn!(error = %e, "invalid-token lookup failed; retrying with backoff");
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
     fn with_state<R>(&self, f: impl FnOnce(&mut State, &BaseConsumer<Ctx>) -> R) -> R {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut s, &self.consumer)
@@ -479,6 +554,7 @@ impl Loop {
         };
         let settings = self.campaign_settings(&job);
         let already_done = self.already_done(&job);
+        let skip_invalid = self.invalid_devices(&job);
         let devices = job.devices.len();
         self.with_state(|s, _| {
             let l = s.load.entry(partition).or_default();
@@ -491,6 +567,7 @@ impl Loop {
             offset,
             already_done,
             settings,
+            skip_invalid,
         };
         // Blocks when the scheduler's queue is full: a natural brake on consumption.
         if self.control.blocking_send(Control::Job(incoming)).is_err() {

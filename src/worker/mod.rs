@@ -37,6 +37,10 @@ pub enum WorkerError {
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
     Sender(#[from] crate::sender::SenderError),
+    #[error(transparent)]
+    Hygiene(#[from] crate::hygiene::HygieneError),
+    #[error(transparent)]
+    Capping(#[from] crate::capping::CapError),
     #[error("a worker task failed: {0}")]
     Task(String),
     #[error(transparent)]
@@ -91,6 +95,8 @@ pub struct Worker {
     pub scheduler_stats: watch::Receiver<SchedulerStats>,
     pub consumer_stats: watch::Receiver<ConsumerStats>,
     pub control: mpsc::Sender<Control>,
+    /// Token hygiene, when `hygiene.enabled` (its filter and counters).
+    pub hygiene: Option<Arc<crate::hygiene::TokenHygiene>>,
 }
 
 impl Worker {
@@ -162,7 +168,7 @@ impl Worker {
                 Arc::new(f)
             }
         };
-        let scheduler = Scheduler::new(
+        let mut scheduler = Scheduler::new(
             SchedulerConfig {
                 max_active_campaigns: w.max_active_campaigns,
                 quantum_min: Duration::from_millis(w.quantum_min_ms),
@@ -179,6 +185,21 @@ impl Worker {
             completions_tx,
             events_tx,
         );
+        if settings.capping.enabled {
+            let cap = crate::capping::FrequencyCap::new(settings.capping.cap_config())?;
+            scheduler.set_capping(Some(cap));
+        }
+        let hygiene = if settings.hygiene.enabled {
+            let h = crate::hygiene::TokenHygiene::start(
+                pool.clone(),
+                settings.hygiene.expected_tokens,
+                settings.hygiene.false_positive_rate,
+            )
+            .await?;
+            Some(Arc::new(h))
+        } else {
+            None
+        };
         let drain_timeout = Duration::from_millis(w.drain_timeout_ms);
         let scheduler = tokio::spawn(scheduler::run(
             scheduler,
@@ -218,6 +239,8 @@ impl Worker {
                 }),
                 stats: consumer_stats_tx,
                 runtime: tokio::runtime::Handle::current(),
+                hygiene: hygiene.clone(),
+                hygiene_reload: Duration::from_millis(settings.hygiene.reload_ms),
             },
             shutdown.subscribe(),
         )?;
@@ -234,6 +257,7 @@ impl Worker {
             scheduler_stats,
             consumer_stats,
             control: control_tx,
+            hygiene,
         })
     }
 

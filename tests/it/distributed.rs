@@ -35,33 +35,38 @@ fn config(url: String, algorithm: RedisAlgorithm, lease_ms: u64, workers: u32) -
 async fn gcra_script_grants_consecutive_slots_then_asks_to_wait() {
     let mut c = conn().await;
     let key = redis_gcra::key(&unique_name("pp"), "c");
-    let rate = Rate::per_second(1000.0).unwrap();
-    let horizon = Duration::from_millis(20);
-    let first = redis_gcra::lease(&mut c, &key, rate, 0, 10, horizon)
+    // 10/s: slots 100 ms apart, so the few ms between calls do not open a new slot.
+    let rate = Rate::per_second(10.0).unwrap();
+    let horizon = Duration::from_secs(1);
+    let first = redis_gcra::lease(&mut c, &key, rate, 0, 5, horizon)
         .await
         .unwrap();
     assert!(
-        matches!(first, LeaseAnswer::Granted { permits: 10, offset_micros } if offset_micros.abs() < 1000),
+        matches!(first, LeaseAnswer::Granted { permits: 5, offset_micros } if offset_micros.abs() < 1000),
         "{first:?}"
     );
-    // The next lease starts where the first ends: 10 slots of 1 ms later.
-    let second = redis_gcra::lease(&mut c, &key, rate, 0, 10, horizon)
+    // The next lease starts where the first ends (5 slots later) and stops at the
+    // horizon: the 5 slots left of the next second.
+    let second = redis_gcra::lease(&mut c, &key, rate, 0, 1000, horizon)
         .await
         .unwrap();
     let LeaseAnswer::Granted {
-        permits: 10,
+        permits: 5,
         offset_micros,
     } = second
     else {
         panic!("{second:?}")
     };
-    assert!((8_000..=10_001).contains(&offset_micros), "{offset_micros}");
-    // The horizon (20 ms) is full: the answer is a wait, not a grant.
-    let third = redis_gcra::lease(&mut c, &key, rate, 0, 10, horizon)
+    assert!(
+        (400_000..=500_001).contains(&offset_micros),
+        "{offset_micros}"
+    );
+    // The horizon is full: the answer is a wait of at most one interval, not a grant.
+    let third = redis_gcra::lease(&mut c, &key, rate, 0, 1, horizon)
         .await
         .unwrap();
     assert!(
-        matches!(third, LeaseAnswer::Wait(d) if d > Duration::ZERO && d <= Duration::from_millis(2)),
+        matches!(third, LeaseAnswer::Wait(d) if d > Duration::ZERO && d <= Duration::from_millis(100)),
         "{third:?}"
     );
 }
@@ -74,7 +79,7 @@ async fn sliding_window_script_fills_the_window_then_asks_to_wait() {
     let mut granted = 0;
     let mut waited = None;
     for _ in 0..20 {
-        match redis_sliding_window::lease(&mut c, &key, rate, 0, 30)
+        match redis_sliding_window::lease(&mut c, &key, rate, 0, 25)
             .await
             .unwrap()
         {
@@ -268,7 +273,29 @@ async fn paced_redis_outage_falls_back_to_rate_over_workers_and_comes_back() {
     );
 
     proxy.set_up(false);
+    let cut = Instant::now();
+    while !lim.on_fallback() && cut.elapsed() < Duration::from_secs(10) {
+        let _ = lim.acquire_up_to(1, clock.now());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let switch = cut.elapsed();
+    assert!(switch < Duration::from_secs(2), "fallback after {switch:?}");
+    let watch = {
+        let lim = lim.clone();
+        tokio::spawn(async move {
+            let mut flips = 0;
+            let mut last = true;
+            for _ in 0..300 {
+                let on = lim.on_fallback();
+                flips += u32::from(on != last);
+                last = on;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            flips
+        })
+    };
     let (max_down, mean_down) = run(3).await;
+    eprintln!("flips {}", watch.await.unwrap());
     assert!(lim.on_fallback(), "on the fallback while redis is cut");
     // The fallback: 1000 / 2 workers, and sending never stopped.
     assert!(
@@ -286,7 +313,7 @@ async fn paced_redis_outage_falls_back_to_rate_over_workers_and_comes_back() {
     assert!(!lim.on_fallback(), "back on redis once it answers");
     let (_, mean_back) = run(2).await;
     assert!(mean_back > 900.0, "full rate again ({mean_back})");
-    eprintln!("outage: largest fallback window {max_down}, fallback mean {mean_down:.1}/s");
+    eprintln!("outage: fallback {switch:?} after the cut; largest fallback window {max_down}, fallback mean {mean_down:.1}/s");
 }
 
 /// Jobs of `plan` spread round-robin over `partitions` partitions.

@@ -6,6 +6,7 @@ mod browser;
 mod cli;
 mod distributed;
 mod helpers;
+mod hygiene;
 mod job;
 mod limiter;
 mod pipeline;

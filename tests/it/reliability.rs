@@ -201,3 +201,35 @@ async fn a_database_outage_pauses_sending_and_the_totals_are_exact_after() {
         "delivery_seconds exact after recovery"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_worker_joins_then_the_first_leaves_and_nothing_is_lost() {
+    let (_pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(4).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let plan = plan(&[(400.0, 3000), (400.0, 3000)]);
+    let total = plan.total_devices() as u64;
+    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+        .await
+        .unwrap();
+    let group = unique_name("g");
+    let mut first = spawn_worker_process(&brokers(), &topic, &group, &db_url, &sink.url(), &[]);
+    wait_delivered(&sink, 1000, Duration::from_secs(30)).await;
+    let mut second = spawn_worker_process(&brokers(), &topic, &group, &db_url, &sink.url(), &[]);
+    // Let the group rebalance onto both, then stop the first gracefully.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let status = sigterm_and_wait(&mut first);
+    assert!(status.success(), "{status}");
+    wait_delivered(&sink, total, Duration::from_secs(90)).await;
+    let status = sigterm_and_wait(&mut second);
+    assert!(status.success(), "{status}");
+    let s = sink.summary();
+    eprintln!(
+        "rebalance: {} distinct of {total}, {} duplicates",
+        s.distinct_delivered, s.duplicates
+    );
+    assert_eq!(
+        s.distinct_delivered, total,
+        "nothing lost across the rebalance"
+    );
+}

@@ -1,0 +1,285 @@
+//! Token hygiene and frequency capping: the cap's decisions against an exact model
+//! (virtual clock), and gone tokens against real PostgreSQL, the broker and the sink.
+
+use crate::helpers::{brokers, fresh_database, fresh_topic, test_settings, unique_name};
+use proptest::prelude::*;
+use pushpace::capping::{CapConfig, CapDecision, FrequencyCap};
+use pushpace::hygiene::{bloom_key, token_hash, BloomFilter};
+use pushpace::limiter::{Clock, ManualClock, Nanos};
+use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
+use pushpace::sink::{Sink, SinkConfig, SinkHandle};
+use pushpace::worker::Worker;
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+const WINDOW: Nanos = 60_000_000_000;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Send(u8),
+    Advance(Nanos),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![
+            8 => (0u8..40).prop_map(Op::Send),
+            1 => (0..WINDOW).prop_map(Op::Advance),
+        ],
+        1..400,
+    )
+}
+
+/// Runs `ops` through `cap` and an exact model (sends per device per fixed window);
+/// returns (model count before each decision, decision) for every send.
+fn run(cap: &mut FrequencyCap, ops: &[Op]) -> Vec<(u32, CapDecision)> {
+    let clock = ManualClock::new(0);
+    let mut model: HashMap<(u64, u8), u32> = HashMap::new();
+    let mut out = Vec::new();
+    for op in ops {
+        match op {
+            Op::Advance(by) => clock.advance(*by),
+            Op::Send(d) => {
+                let now = clock.now();
+                let count = model.entry((now / WINDOW, *d)).or_default();
+                let decision = cap.check(&format!("device-token-{d}"), now);
+                out.push((*count, decision));
+                if decision == CapDecision::Send {
+                    *count += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Sized for its devices: every decision is the exact model's.
+    #[test]
+    fn cap_decides_exactly_under_a_virtual_clock(ops in ops(), max in 1u32..5) {
+        let config = CapConfig { max_per_device: max, window: WINDOW, expected_devices: 1 << 16 };
+        let mut cap = FrequencyCap::new(config).unwrap();
+        for (count, decision) in run(&mut cap, &ops) {
+            if count < max {
+                prop_assert_eq!(decision, CapDecision::Send, "a device under the cap was skipped");
+            } else {
+                prop_assert_eq!(decision, CapDecision::Capped, "a device over the cap was sent");
+            }
+        }
+    }
+
+    /// Sketches of 4 counters per row: everything collides. A device over the cap is
+    /// still always skipped; one under it is skipped at most one send early (the case
+    /// the module docs describe), never more.
+    #[test]
+    fn crowded_sketches_never_let_a_device_over_the_cap(ops in ops(), max in 1u32..5) {
+        let config = CapConfig { max_per_device: max, window: WINDOW, expected_devices: 4 };
+        let mut cap = FrequencyCap::with_width(config, 4);
+        for (count, decision) in run(&mut cap, &ops) {
+            if count >= max {
+                prop_assert_eq!(decision, CapDecision::Capped);
+            }
+            if count + 1 < max {
+                prop_assert_eq!(decision, CapDecision::Send);
+            }
+        }
+    }
+}
+
+/// A token that is not `gone` but lands on the same bits of a one-hash, 64-bit filter
+/// (what `hygiene.expected_tokens = 1`, `false_positive_rate = 0.5` builds).
+/// Also returns one that does not collide.
+fn colliding_token(gone: &str) -> (String, String) {
+    let filter = BloomFilter::with_rate(1, 0.5).unwrap();
+    assert_eq!((filter.bits(), filter.hashes()), (64, 1));
+    filter.insert(bloom_key(&token_hash(gone)));
+    let maybe = |t: &String| filter.may_contain(bloom_key(&token_hash(t)));
+    let collides = (0..)
+        .map(|i| format!("ok-collides-{i}"))
+        .find(maybe)
+        .expect("1 in 64 tokens collides");
+    let clear = (0..)
+        .map(|i| format!("ok-clear-{i}"))
+        .find(|t| !maybe(t))
+        .expect("63 in 64 do not");
+    (collides, clear)
+}
+
+async fn produce(topic: &str, campaign: &str, job_id: &str, devices: &[&str]) {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
+        .create()
+        .unwrap();
+    let devices = serde_json::to_string(devices).unwrap();
+    let value = format!(
+        r#"{{"job_id":"{job_id}","campaign_id":"{campaign}","send_rate":1000,"devices":{devices},"payload":{{"t":1}}}}"#
+    );
+    producer
+        .send(
+            FutureRecord::to(topic).key(campaign).payload(&value),
+            Duration::from_secs(30),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+}
+
+async fn worker(sink: &SinkHandle, db_url: &str, topic: &str, pool: &PgPool) -> Worker {
+    let settings = test_settings(&[
+        ("kafka.brokers", brokers()),
+        ("kafka.topic", topic.to_string()),
+        ("kafka.group_id", unique_name("g")),
+        ("database.url", db_url.to_string()),
+        ("sender.url", sink.url()),
+        ("worker.stats_flush_ms", "200".into()),
+        // A 64-bit, one-hash filter: collisions are easy to make.
+        ("hygiene.expected_tokens", "1".into()),
+        ("hygiene.false_positive_rate", "0.5".into()),
+        ("hygiene.reload_ms", "200".into()),
+    ]);
+    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
+    Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .expect("start worker")
+}
+
+fn requests_for(sink: &SinkHandle, token: &str) -> usize {
+    sink.arrivals()
+        .iter()
+        .filter(|a| a.device_token == token)
+        .count()
+}
+
+async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn skipped(pool: &PgPool, campaign: &str) -> i64 {
+    sqlx::query_scalar::<_, Option<i64>>(
+        "SELECT sum(skipped_invalid)::int8 FROM delivery_seconds WHERE campaign_id = $1",
+    )
+    .bind(campaign)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+    .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_gone_once_is_never_sent_again_by_any_worker() {
+    let (pool, db_url) = fresh_database().await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    sink.set_gone_prefix(Some("gone-"));
+    let run = unique_name("h").replace('_', "-");
+    let gone = format!("gone-{run}");
+    let (collides, clear) = colliding_token(&gone);
+    let (topic_a, topic_b, topic_c) = (
+        fresh_topic(1).await,
+        fresh_topic(1).await,
+        fresh_topic(1).await,
+    );
+    // A and B run from the start, so B learns of the token only by its reload.
+    let a = worker(&sink, &db_url, &topic_a, &pool).await;
+    let b = worker(&sink, &db_url, &topic_b, &pool).await;
+
+    let c1 = format!("{run}-c1");
+    produce(
+        &topic_a,
+        &c1,
+        &format!("{run}-j1"),
+        &[&gone, "ok-1", "ok-2"],
+    )
+    .await;
+    wait_for("the 410 to be recorded", Duration::from_secs(60), || {
+        requests_for(&sink, "ok-2") == 1 && requests_for(&sink, &gone) == 1
+    })
+    .await;
+    let end = Instant::now() + Duration::from_secs(30);
+    while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM invalid_tokens")
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        == 0
+    {
+        assert!(Instant::now() < end, "the token was never recorded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reloaded_after = b.hygiene.as_ref().unwrap().stats().loaded;
+    wait_for("worker B's reload", Duration::from_secs(10), || {
+        b.hygiene.as_ref().unwrap().stats().loaded > reloaded_after
+    })
+    .await;
+
+    // The same token again: in A (it recorded it), in B (it reloaded it), and in a
+    // worker started afterwards (it loads the table at start). The colliding token is
+    // sent: the filter's "maybe" is settled by the table.
+    let (c2, c3, c4) = (
+        format!("{run}-c2"),
+        format!("{run}-c3"),
+        format!("{run}-c4"),
+    );
+    produce(&topic_a, &c2, &format!("{run}-j2"), &["ok-3", &gone]).await;
+    produce(
+        &topic_b,
+        &c3,
+        &format!("{run}-j3"),
+        &[&gone, &collides, "ok-4"],
+    )
+    .await;
+    let c = worker(&sink, &db_url, &topic_c, &pool).await;
+    produce(&topic_c, &c4, &format!("{run}-j4"), &[&gone]).await;
+    produce(&topic_c, &c4, &format!("{run}-j5"), &[&clear]).await;
+    wait_for("every valid token", Duration::from_secs(60), || {
+        ["ok-3", "ok-4", clear.as_str(), collides.as_str()]
+            .iter()
+            .all(|t| requests_for(&sink, t) == 1)
+    })
+    .await;
+    let (ha, hb, hc) = (
+        a.hygiene.clone().unwrap(),
+        b.hygiene.clone().unwrap(),
+        c.hygiene.clone().unwrap(),
+    );
+    for w in [a, b, c] {
+        w.shutdown().await.unwrap();
+    }
+
+    assert_eq!(requests_for(&sink, &gone), 1, "sent once, never again");
+    assert_eq!(
+        requests_for(&sink, &collides),
+        1,
+        "a filter collision is still sent"
+    );
+    for campaign in [&c2, &c3, &c4] {
+        assert_eq!(
+            skipped(&pool, campaign).await,
+            1,
+            "{campaign}: one skipped_invalid"
+        );
+    }
+    assert_eq!(skipped(&pool, &c1).await, 0);
+    let sent_c3: i64 =
+        sqlx::query_scalar("SELECT sum(sent)::int8 FROM delivery_seconds WHERE campaign_id = $1")
+            .bind(&c3)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(sent_c3, 2, "the colliding token and ok-4");
+    assert_eq!(ha.stats().recorded, 1);
+    assert_eq!(hb.stats().invalid, 1);
+    assert!(
+        hb.stats().maybe >= 2,
+        "gone and the colliding token: {:?}",
+        hb.stats()
+    );
+    assert_eq!(hc.stats().invalid, 1, "C knew it from its start-up load");
+    // A token the filter rules out costs no query: C's job j5 made none.
+    assert_eq!(hc.stats().lookups, 1, "{:?}", hc.stats());
+}
