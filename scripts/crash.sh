@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 
 KILLS=${KILLS:-10}
 CAMPAIGNS=${CAMPAIGNS:-10}
-DEVICES=${DEVICES:-20000}
-RATE=${RATE:-2000}
+DEVICES=${DEVICES:-20000}  # 10 × 20,000 = 200,000 devices
+RATE=${RATE:-500}
 SINK_PORT=${SINK_PORT:-18090}
 
 scripts/services.sh start >/dev/null
@@ -50,16 +50,24 @@ start_worker() { $BIN run >/dev/null 2>>"$LOG" & WORKER=$!; }
 
 max_dup=0
 prev_dup=0
-printf '%-6s %-10s %-12s %-10s\n' kill at_s delivered new_dups
+printf '%-6s %-14s %-12s %-10s\n' kill sending_for_s delivered new_dups
 for i in $(seq 1 "$KILLS"); do
   start_worker
-  at=$((2 + RANDOM % 4))
+  # Kill at a random moment while it sends: wait for its first deliveries first (a
+  # restarted member waits for the group to drop the killed one, about 6 s).
+  read -r before _ _ < <(sink_stats)
+  for _ in $(seq 1 600); do
+    read -r now_distinct _ _ < <(sink_stats)
+    [ "$now_distinct" -gt "$before" ] && break
+    sleep 0.1
+  done
+  at=$((1 + RANDOM % 3))
   sleep "$at"
   read -r distinct dups _ < <(sink_stats)
   kill -9 "$WORKER"; wait "$WORKER" 2>/dev/null || true; WORKER=
   new=$((dups - prev_dup)); prev_dup=$dups
   [ "$new" -gt "$max_dup" ] && max_dup=$new
-  printf '%-6s %-10s %-12s %-10s\n' "$i" "$at" "$distinct" "$new"
+  printf '%-6s %-14s %-12s %-10s\n' "$i" "$at" "$distinct" "$new"
   [ "$distinct" -ge "$TOTAL" ] && break
 done
 start_worker
