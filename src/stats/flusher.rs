@@ -264,15 +264,10 @@ impl Flusher {
 
     fn drain(&self, state: &mut State) {
         let pending = &mut state.pending;
-        self.inner
-            .recorder
-            .drain_counts(|campaign, second, outcome, n| {
-                let counts = pending
-                    .seconds
-                    .entry((campaign.clone(), second))
-                    .or_default();
-                counts[outcome] = counts[outcome].saturating_add(n);
-            });
+        // Progress first, counts second: the scheduler counts a device before it marks it
+        // done, so every device in the drained progress has its count in this batch too.
+        // (The other order could commit a device as done whose count lands in the next
+        // batch, which a crash would then lose.)
         {
             let mut jobs = lock(&self.inner.recorder.inner.jobs);
             // Forget jobs whose handle was dropped after their last value became durable.
@@ -287,6 +282,15 @@ impl Flusher {
                 }
             }
         }
+        self.inner
+            .recorder
+            .drain_counts(|campaign, second, outcome, n| {
+                let counts = pending
+                    .seconds
+                    .entry((campaign.clone(), second))
+                    .or_default();
+                counts[outcome] = counts[outcome].saturating_add(n);
+            });
         self.update_backpressure(state);
     }
 
