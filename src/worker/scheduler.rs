@@ -372,13 +372,17 @@ impl Scheduler {
     }
 
     fn build_limiter(&self, s: &CampaignSettings, rate: Rate) -> DynLimiter {
-        let inner = self
-            .config
-            .limiters
-            .build(&s.id, s.algorithm, rate, s.burst);
         match &self.global {
-            Some(g) => Arc::new(g.campaign_with(inner, s.burst)),
-            None => inner,
+            // Under a global cap the burst lives in the soft burst bucket only, so that
+            // it uses capacity other campaigns leave unused (the own limiter gets none).
+            Some(g) => {
+                let own = self.config.limiters.build(&s.id, s.algorithm, rate, 0);
+                Arc::new(g.campaign_with(own, s.burst))
+            }
+            None => self
+                .config
+                .limiters
+                .build(&s.id, s.algorithm, rate, s.burst),
         }
     }
 
