@@ -48,6 +48,23 @@ ensure_postgres() {
   pg_up || { log "PostgreSQL still does not answer at ${PG_URL#*@}"; exit 1; }
 }
 
+redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
+
+# Redis backs the distributed mode and its tests; the project's machines run one already.
+ensure_redis() {
+  if redis_up; then log "Redis answers at 127.0.0.1:6379"; return; fi
+  log "Redis does not answer; starting it"
+  if ! command -v redis-server >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+  fi
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  for _ in $(seq 1 30); do redis_up && break; sleep 0.5; done
+  redis_up || { log "Redis still does not answer on 127.0.0.1:6379"; exit 1; }
+}
+
 ensure_tansu_db() {
   if [ "$(psql "$PG_URL/postgres" -tAc "select 1 from pg_database where datname='tansu'")" != 1 ]; then
     psql "$PG_URL/postgres" -qc 'create database tansu' >/dev/null
@@ -135,6 +152,7 @@ stop_all() {
 case "${1:-start}" in
   start)
     ensure_postgres
+    ensure_redis
     ensure_tansu_db
     ensure_tansu_installed
     ensure_broker

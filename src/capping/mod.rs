@@ -10,13 +10,14 @@
 //!    When the estimate reaches the cap, this map decides.
 //!
 //! The one count the exact map cannot see is a device's first send, made while its
-//! estimate was 0 (no entry is made then; that is the point of the sketch). A second
-//! sketch counts those first sends; when a device enters the exact map, its earlier
-//! untracked send is taken as 1 if that sketch says "maybe", 0 if it says "certainly
-//! not". Hence a device over the cap is always skipped; a device under it is skipped
-//! only if its very first send collided in every row of *both* sketches (which makes it
-//! look one send older than it is). No sublinear structure can tell "sent once" from
-//! "collided" exactly; docs/BENCHMARKS.md gives the measured rate of that case.
+//! estimate was 0 (no entry is made then; that is the point of the sketch). A Bloom
+//! filter per window records those first sends; when a device enters the exact map,
+//! its earlier untracked send is taken as 1 if the filter says "maybe", 0 if it says
+//! "certainly not". Hence a device over the cap is always skipped. A device under it
+//! is skipped one send early only if its very first send collided in every row of the
+//! sketch *and* was a false positive of the filter (sized by [`FIRST_SEND_BITS`]).
+//! No sublinear structure can tell "sent once" from "collided" exactly; the measured
+//! rate of that case is in docs/BENCHMARKS.md.
 //!
 //! Windows are fixed (`now / window`): a device may get `max_per_device` sends at the
 //! end of one window and as many at the start of the next.
@@ -71,8 +72,8 @@ impl CapConfig {
         Ok(())
     }
 
-    /// Sketch width: the expected device count rounded up to a power of two, so each
-    /// row is at most fully loaded (about one device per counter).
+    /// Counters per sketch row: one per expected device (the total is rounded up to a
+    /// power of two of blocks), so each row holds at most about one device per counter.
     fn width(&self) -> usize {
         self.expected_devices as usize
     }
@@ -87,6 +88,55 @@ pub struct CapStats {
     pub exact_entries: usize,
 }
 
+/// Bits of the first-send filter per expected device. With [`FIRST_SEND_HASHES`] bits
+/// set in one 64-bit word per device, about 1.3e-4 false positives at full load (the
+/// one-word layout costs some accuracy against a plain Bloom filter of the same size,
+/// and saves all but one cache miss).
+pub const FIRST_SEND_BITS: u64 = 20;
+pub const FIRST_SEND_HASHES: u32 = 8;
+
+/// A Bloom filter of the devices first sent in one window, all of a device's bits in
+/// one word (owned by the cap: plain words, no atomics needed).
+struct FirstSends {
+    window: u64,
+    words: Box<[u64]>,
+}
+
+impl FirstSends {
+    fn new(bits: u64) -> Self {
+        let words = bits.div_ceil(64).max(1).next_power_of_two() as usize;
+        Self {
+            window: u64::MAX,
+            words: vec![0; words].into_boxed_slice(),
+        }
+    }
+
+    /// The word index and the mask of the key's bits.
+    #[inline]
+    fn locate(&self, key: u128) -> (usize, u64) {
+        let word = (key as u64) & (self.words.len() as u64 - 1);
+        let picks = (key >> 64) as u64;
+        let mask = (0..FIRST_SEND_HASHES).fold(0u64, |m, i| m | 1 << ((picks >> (i * 6)) & 63));
+        (word as usize, mask)
+    }
+
+    #[inline]
+    fn insert(&mut self, key: u128) {
+        let (w, mask) = self.locate(key);
+        self.words[w] |= mask;
+    }
+
+    #[inline]
+    fn may_contain(&self, key: u128) -> bool {
+        let (w, mask) = self.locate(key);
+        self.words[w] & mask == mask
+    }
+
+    fn bytes(&self) -> usize {
+        self.words.len() * 8
+    }
+}
+
 /// A fixed hash for in-memory keys: SipHash with per-process random keys.
 type KeyHasher = std::collections::hash_map::RandomState;
 
@@ -95,7 +145,8 @@ pub struct FrequencyCap {
     config: CapConfig,
     hasher: KeyHasher,
     sketch: WindowedSketch,
-    first_sends: WindowedSketch,
+    /// One filter per window, alternating like the sketch's slots.
+    first_sends: [FirstSends; 2],
     /// Exact sends this window (including one for an untracked first send).
     exact: HashMap<Box<str>, u32>,
     exact_window: u64,
@@ -114,21 +165,45 @@ impl std::fmt::Debug for FrequencyCap {
 impl FrequencyCap {
     pub fn new(config: CapConfig) -> Result<Self, CapError> {
         config.validate()?;
-        Ok(Self::with_width(config, config.width()))
+        let bits = config.expected_devices * FIRST_SEND_BITS;
+        Ok(Self::build(config, config.width(), bits))
     }
 
-    /// A cap whose sketches have `width` counters per row; tests use tiny ones to force
-    /// collisions.
+    /// A cap whose sketches have `width` counters per row and whose first-send filters
+    /// have `width` bits; tests use tiny ones to force collisions.
     pub fn with_width(config: CapConfig, width: usize) -> Self {
+        Self::build(config, width, width as u64)
+    }
+
+    fn build(config: CapConfig, width: usize, first_bits: u64) -> Self {
         Self {
             config,
             hasher: KeyHasher::new(),
             sketch: WindowedSketch::new(config.window, DEFAULT_DEPTH, width),
-            first_sends: WindowedSketch::new(config.window, DEFAULT_DEPTH, width),
+            first_sends: [FirstSends::new(first_bits), FirstSends::new(first_bits)],
             exact: HashMap::new(),
             exact_window: 0,
             stats: CapStats::default(),
         }
+    }
+
+    /// The first-send filter's key: two mixes of the hash, independent of the
+    /// sketch's columns.
+    #[inline]
+    fn first_key(hash: u64) -> u128 {
+        let a = count_min::mix(hash ^ 0x6a09_e667_f3bc_c909);
+        let b = count_min::mix(hash ^ 0xbb67_ae85_84ca_a73b);
+        (u128::from(a) << 64) | u128::from(b)
+    }
+
+    /// The filter of `window`, cleared if it last held an older one.
+    fn first_sends(&mut self, window: u64) -> &mut FirstSends {
+        let slot = &mut self.first_sends[(window & 1) as usize];
+        if slot.window != window {
+            slot.words.fill(0);
+            slot.window = window;
+        }
+        slot
     }
 
     #[inline]
@@ -153,14 +228,15 @@ impl FrequencyCap {
         if estimate == 0 {
             // Certainly never sent this window: the common case, no map access.
             self.sketch.increment(hash, now);
-            self.first_sends.increment(hash, now);
+            self.first_sends(window).insert(Self::first_key(hash));
             return CapDecision::Send;
         }
         // Seen (or a collision): keep an exact count from here on.
         let sent = match self.exact.get_mut(token) {
             Some(n) => n,
             None => {
-                let untracked = u32::from(self.first_sends.estimate(hash, now) > 0);
+                let untracked =
+                    u32::from(self.first_sends(window).may_contain(Self::first_key(hash)));
                 self.exact.entry(Box::from(token)).or_insert(untracked)
             }
         };
@@ -189,7 +265,12 @@ impl FrequencyCap {
 
     /// Bytes held by the sketches (the exact map is extra: see [`Self::stats`]).
     pub fn sketch_bytes(&self) -> usize {
-        self.sketch.memory_bytes() + self.first_sends.memory_bytes()
+        self.sketch.memory_bytes()
+            + self
+                .first_sends
+                .iter()
+                .map(FirstSends::bytes)
+                .sum::<usize>()
     }
 
     /// Bytes held by the exact map's table and keys (approximate: allocator overhead

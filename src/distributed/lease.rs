@@ -263,7 +263,7 @@ async fn refill(shared: Arc<Shared>, inner: Arc<Inner>) {
         };
         let fallback = shared.fallback_on.load(Relaxed);
         let idle = now.saturating_sub(shared.last_demand.load(Relaxed)) > 2 * slice_ns;
-        if (len >= 2 && !fallback) || (idle && !fallback) {
+        if !fallback && (len >= 2 || idle) {
             shared.wanted.store(false, Relaxed);
             tokio::select! {
                 _ = shared.notify.notified() => {}
@@ -292,16 +292,21 @@ async fn refill(shared: Arc<Shared>, inner: Arc<Inner>) {
                         let at = inner.clock.now();
                         let start = at.saturating_add_signed(offset_micros.saturating_mul(1000));
                         let interval = rate.interval_fp();
-                        let cursor = to_fp(start);
+                        let mut s = lock(&shared.state);
+                        if s.len == 2 {
+                            s.pop();
+                        }
+                        // Never overlapping the lease in hand: a sliding-window lease
+                        // starts "now", and clock conversion may shift a GCRA one.
+                        let mut cursor = to_fp(start);
+                        if s.len == 1 {
+                            cursor = cursor.max(s.leases[0].end);
+                        }
                         let lease = Lease {
                             cursor,
                             end: cursor.saturating_add(interval.saturating_mul(u64::from(permits))),
                             interval,
                         };
-                        let mut s = lock(&shared.state);
-                        if s.len == 2 {
-                            s.pop();
-                        }
                         let i = s.len;
                         s.leases[i] = lease;
                         s.len += 1;
@@ -329,5 +334,71 @@ async fn refill(shared: Arc<Shared>, inner: Arc<Inner>) {
                 tokio::time::sleep(PROBE_EVERY).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Nanos = 1_000_000;
+
+    fn state(leases: &[(Nanos, u64)], interval: Nanos) -> State {
+        let mut s = State {
+            rate: Rate::per_second(1000.0).unwrap(),
+            burst: 0,
+            leases: [Lease::default(); 2],
+            len: 0,
+            hint: 0,
+        };
+        for &(start, permits) in leases {
+            let cursor = to_fp(start);
+            s.leases[s.len] = Lease {
+                cursor,
+                end: cursor + permits * to_fp(interval),
+                interval: to_fp(interval),
+            };
+            s.len += 1;
+        }
+        s
+    }
+
+    #[test]
+    fn slots_are_spent_at_their_time_and_not_before() {
+        let mut s = state(&[(100 * MS, 10)], MS);
+        let g = s.take(5, 99 * MS);
+        assert_eq!(g.granted, 0);
+        assert_eq!(g.next_at, Some(100 * MS));
+        // At 102 ms the slots of 100, 101 and 102 ms are due.
+        assert_eq!(s.take(5, 102 * MS).granted, 3);
+        assert_eq!(s.take(5, 102 * MS).next_at, Some(103 * MS));
+    }
+
+    #[test]
+    fn slots_older_than_the_catch_up_are_void() {
+        let mut s = state(&[(100 * MS, 100)], MS);
+        // 50 ms late: only the last 10 ms of slots (catch-up) are still usable.
+        let g = s.take(1000, 150 * MS);
+        assert_eq!(g.granted, 11);
+    }
+
+    #[test]
+    fn the_next_lease_follows_when_the_first_is_spent() {
+        let mut s = state(&[(100 * MS, 2), (110 * MS, 3)], MS);
+        assert_eq!(s.take(10, 101 * MS).granted, 2);
+        assert_eq!(s.len, 1);
+        let g = s.take(10, 112 * MS);
+        assert_eq!(g.granted, 3);
+        assert_eq!(s.len, 0);
+        // Empty: try again shortly (or when Redis said).
+        assert_eq!(g.next_at, Some(112 * MS + EMPTY_RETRY));
+    }
+
+    #[test]
+    fn an_expired_lease_is_dropped_whole() {
+        let mut s = state(&[(100 * MS, 5)], MS);
+        let g = s.take(10, 200 * MS);
+        assert_eq!(g.granted, 0);
+        assert_eq!(s.len, 0);
     }
 }

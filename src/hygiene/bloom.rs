@@ -108,6 +108,13 @@ impl BloomFilter {
         })
     }
 
+    /// Removes every item (plain stores: callers make sure no insert runs meanwhile).
+    pub fn clear(&self) {
+        for w in self.words.iter() {
+            w.store(0, Ordering::Relaxed);
+        }
+    }
+
     pub fn bits(&self) -> u64 {
         self.mask + 1
     }

@@ -18,6 +18,7 @@ pub mod bloom;
 pub use bloom::{BloomError, BloomFilter};
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use futures::TryStreamExt;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use std::collections::HashSet;
@@ -130,26 +131,29 @@ impl TokenHygiene {
     pub async fn reload(&self) -> Result<usize, HygieneError> {
         let since = *self.lock_loaded();
         let since = since.map(|t| t - ChronoDuration::seconds(RELOAD_OVERLAP_SECS));
-        let rows: Vec<(Vec<u8>, DateTime<Utc>)> = sqlx::query_as(
+        // Streamed: a full load at start may be millions of rows.
+        let mut rows = sqlx::query_as::<_, (Vec<u8>, DateTime<Utc>)>(
             "SELECT token_hash, first_seen FROM invalid_tokens \
              WHERE $1::timestamptz IS NULL OR first_seen >= $1",
         )
         .bind(since)
-        .fetch_all(&self.pool)
-        .await?;
+        .fetch(&self.pool);
         let mut newest = None;
-        for (hash, seen) in &rows {
+        let mut read = 0usize;
+        while let Some((hash, seen)) = rows.try_next().await? {
             if let Ok(hash) = <TokenHash>::try_from(hash.as_slice()) {
                 self.filter.insert(bloom_key(&hash));
             }
-            newest = newest.max(Some(*seen));
+            newest = newest.max(Some(seen));
+            read += 1;
         }
+        drop(rows);
         let mut loaded = self.lock_loaded();
         *loaded = (*loaded).max(newest);
         self.counters
             .loaded
-            .fetch_add(rows.len() as u64, Ordering::Relaxed);
-        Ok(rows.len())
+            .fetch_add(read as u64, Ordering::Relaxed);
+        Ok(read)
     }
 
     /// The indexes of `tokens` that are recorded invalid. Tokens the filter rules out

@@ -211,7 +211,6 @@ pub fn spawn_worker_process(
 ) -> std::process::Child {
     pushpace_bin()
         .arg("run")
-        .envs(extra_env.iter().copied())
         .env("PUSHPACE__KAFKA__BROKERS", bootstrap)
         .env("PUSHPACE__KAFKA__TOPIC", topic)
         .env("PUSHPACE__KAFKA__GROUP_ID", group)
@@ -220,6 +219,7 @@ pub fn spawn_worker_process(
         .env("PUSHPACE__SENDER__MAX_IN_FLIGHT", "8")
         .env("PUSHPACE__WORKER__STATS_FLUSH_MS", "200")
         .env("PUSHPACE__HTTP__BIND", "127.0.0.1:0")
+        .envs(extra_env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

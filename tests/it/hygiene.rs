@@ -283,3 +283,55 @@ async fn a_token_gone_once_is_never_sent_again_by_any_worker() {
     // A token the filter rules out costs no query: C's job j5 made none.
     assert_eq!(hc.stats().lookups, 1, "{:?}", hc.stats());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_device_is_counted_and_not_sent() {
+    let (pool, db_url) = fresh_database().await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let topic = fresh_topic(1).await;
+    let run = unique_name("cap").replace('_', "-");
+    let campaign = format!("{run}-c");
+    let busy = format!("{run}-busy");
+    for j in 0..4 {
+        let other = format!("{run}-other-{j}");
+        produce(&topic, &campaign, &format!("{run}-j{j}"), &[&busy, &other]).await;
+    }
+    let settings = test_settings(&[
+        ("kafka.brokers", brokers()),
+        ("kafka.topic", topic.clone()),
+        ("kafka.group_id", unique_name("g")),
+        ("database.url", db_url),
+        ("sender.url", sink.url()),
+        ("worker.stats_flush_ms", "200".into()),
+        ("capping.enabled", "true".into()),
+        ("capping.max_per_device", "2".into()),
+        ("capping.expected_devices", "1000".into()),
+    ]);
+    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
+    let w = Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .unwrap();
+    wait_for("every job finished", Duration::from_secs(60), || {
+        (0..4).all(|j| requests_for(&sink, &format!("{run}-other-{j}")) == 1)
+            && w.scheduler_stats.borrow().capped == 2
+    })
+    .await;
+    w.shutdown().await.unwrap();
+    assert_eq!(requests_for(&sink, &busy), 2, "capped at 2 per window");
+    let (sent, capped): (i64, i64) = sqlx::query_as(
+        "SELECT sum(sent)::int8, sum(capped)::int8 FROM delivery_seconds WHERE campaign_id = $1",
+    )
+    .bind(&campaign)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((sent, capped), (6, 2));
+    let done: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM job_progress WHERE campaign_id = $1 AND completed_at IS NOT NULL",
+    )
+    .bind(&campaign)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(done, 4, "jobs with capped devices complete");
+}
