@@ -52,6 +52,31 @@ impl ProducePlan {
         }
     }
 
+    /// Campaigns `<run_id>-c0`, `<run_id>-c1`, … with the given (send_rate, devices).
+    pub fn with_rates(
+        run_id: &str,
+        campaigns: &[(f64, usize)],
+        job_size: usize,
+        algorithm: Option<Algorithm>,
+    ) -> Result<Self, crate::limiter::RateError> {
+        Ok(ProducePlan {
+            campaigns: campaigns
+                .iter()
+                .enumerate()
+                .map(|(i, (rate, devices))| {
+                    Ok(PlannedCampaign {
+                        id: format!("{run_id}-c{i}"),
+                        send_rate: Rate::per_second(*rate)?,
+                        devices: *devices,
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            job_size: job_size.clamp(1, crate::job::MAX_DEVICES),
+            algorithm,
+            run_id: run_id.to_string(),
+        })
+    }
+
     pub fn total_devices(&self) -> usize {
         self.campaigns.iter().map(|c| c.devices).sum()
     }

@@ -8,8 +8,8 @@ use crate::helpers::{
 };
 use chrono::{DateTime, Duration as ChronoDuration, TimeZone, Utc};
 use pushpace::api::WorkerView;
-use pushpace::limiter::{Algorithm, Rate};
-use pushpace::produce::{PlannedCampaign, ProducePlan};
+use pushpace::limiter::Algorithm;
+use pushpace::produce::ProducePlan;
 use pushpace::startup::{AppDeps, Application, RunningApplication};
 use pushpace::store::{DeadLetter, DeadLetterKind};
 use pushpace::worker::Worker;
@@ -149,20 +149,7 @@ pub async fn spawn_worker_app(campaigns: &[(f64, usize)]) -> WorkerApp {
     let (pool, db_url) = fresh_database().await;
     let topic = fresh_topic(2).await;
     let run_id = unique_name("api");
-    let plan = ProducePlan {
-        campaigns: campaigns
-            .iter()
-            .enumerate()
-            .map(|(i, (rate, devices))| PlannedCampaign {
-                id: format!("{run_id}-c{i}"),
-                send_rate: Rate::per_second(*rate).unwrap(),
-                devices: *devices,
-            })
-            .collect(),
-        job_size: 250,
-        algorithm: Some(Algorithm::Gcra),
-        run_id,
-    };
+    let plan = ProducePlan::with_rates(&run_id, campaigns, 250, Some(Algorithm::Gcra)).unwrap();
     pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .expect("produce");

@@ -7,7 +7,7 @@ use pushpace::distributed::{
     redis_gcra, redis_sliding_window, LeaseAnswer, RedisConfig, RedisLimiterFactory,
 };
 use pushpace::limiter::{Clock, MonotonicClock, Nanos, Rate, RateLimiter, NANOS_PER_SEC};
-use pushpace::produce::{PlannedCampaign, ProducePlan};
+use pushpace::produce::ProducePlan;
 use pushpace::sink::{Sink, SinkConfig};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::sync::{Arc, Mutex};
@@ -430,20 +430,7 @@ async fn start_workers(
         .unwrap();
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
     let run_id = unique_name("dist").replace('_', "-");
-    let plan = ProducePlan {
-        campaigns: campaigns
-            .iter()
-            .enumerate()
-            .map(|(i, (rate, devices))| PlannedCampaign {
-                id: format!("{run_id}-c{i}"),
-                send_rate: Rate::per_second(*rate).unwrap(),
-                devices: *devices,
-            })
-            .collect(),
-        job_size: 250,
-        algorithm: None,
-        run_id,
-    };
+    let plan = ProducePlan::with_rates(&run_id, campaigns, 250, None).unwrap();
     produce_spread(&topic, &plan, 6).await;
     let group = unique_name("g");
     let prefix = unique_name("pp");

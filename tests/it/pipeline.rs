@@ -28,20 +28,7 @@ async fn start(
     let topic = fresh_topic(8).await;
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
     let run_id = unique_name("r");
-    let plan = ProducePlan {
-        campaigns: campaigns
-            .iter()
-            .enumerate()
-            .map(|(i, (rate, devices))| PlannedCampaign {
-                id: format!("{run_id}-c{i}"),
-                send_rate: Rate::per_second(*rate).unwrap(),
-                devices: *devices,
-            })
-            .collect(),
-        job_size: 250,
-        algorithm,
-        run_id: run_id.clone(),
-    };
+    let plan = ProducePlan::with_rates(&run_id.clone(), campaigns, 250, algorithm).unwrap();
     pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .expect("produce");

@@ -6,27 +6,14 @@ use crate::helpers::{
     brokers, fresh_database, fresh_topic, sigterm_and_wait, spawn_worker_process, unique_name,
     Proxy, TansuBroker,
 };
-use pushpace::limiter::{Algorithm, Rate};
-use pushpace::produce::{PlannedCampaign, ProducePlan};
+use pushpace::limiter::Algorithm;
+use pushpace::produce::ProducePlan;
 use pushpace::sink::{Sink, SinkConfig, SinkHandle};
 use std::time::{Duration, Instant};
 
 fn plan(campaigns: &[(f64, usize)]) -> ProducePlan {
     let run_id = unique_name("rel").replace('_', "-");
-    ProducePlan {
-        campaigns: campaigns
-            .iter()
-            .enumerate()
-            .map(|(i, (rate, devices))| PlannedCampaign {
-                id: format!("{run_id}-c{i}"),
-                send_rate: Rate::per_second(*rate).unwrap(),
-                devices: *devices,
-            })
-            .collect(),
-        job_size: 200,
-        algorithm: Some(Algorithm::Gcra),
-        run_id,
-    }
+    ProducePlan::with_rates(&run_id, campaigns, 200, Some(Algorithm::Gcra)).unwrap()
 }
 
 async fn wait_delivered(sink: &SinkHandle, at_least: u64, limit: Duration) {
