@@ -22,7 +22,7 @@ use crate::shutdown::Shutdown;
 use crate::stats::JobProgressHandle;
 use crate::store::campaigns::{self, CampaignDefaults, CampaignStatus};
 use crate::store::dead_letters::{self, DeadLetter};
-use crate::store::{progress, DeadLetterKind, StoreError};
+use crate::store::{progress, DeadLetterKind};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
@@ -410,24 +410,7 @@ impl Loop {
         let Some(h) = &self.hygiene else {
             return Vec::new();
         };
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match self.runtime.block_on(h.invalid_among(&job.devices)) {
-                Ok(v) => {
-                    if self.db_down.replace(false) {
-                        tracing::info!("database reachable again");
-                    }
-                    return v;
-                }
-                Err(e) => {
-                    if !self.db_down.replace(true) {
-                        tracing::warn!(error = %e, "invalid-token lookup failed; retrying with backoff");
-                    }
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
+        self.retry_db("invalid-token lookup", || h.invalid_among(&job.devices))
     }
 
     fn with_state<R>(&self, f: impl FnOnce(&mut State, &BaseConsumer<Ctx>) -> R) -> R {
@@ -623,10 +606,11 @@ impl Loop {
     }
 
     /// Runs a database call until it succeeds: the job waits, it is never dropped.
-    fn retry_db<T, F, Fut>(&self, what: &str, mut f: F) -> T
+    fn retry_db<T, E, F, Fut>(&self, what: &str, mut f: F) -> T
     where
+        E: std::fmt::Display,
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>>,
+        Fut: std::future::Future<Output = Result<T, E>>,
     {
         let mut backoff = Duration::from_millis(100);
         loop {
