@@ -52,6 +52,7 @@ fn scheduler() -> (
             max_attempts: 5,
             retry_base: Duration::from_millis(100),
             retry_max: Duration::from_secs(10),
+            give_up_after: Duration::ZERO,
             global_rate: None,
             limiters: std::sync::Arc::new(pushpace::worker::scheduler::LocalLimiters),
         },
@@ -88,6 +89,7 @@ fn load(s: &mut Scheduler, round: usize) {
                     paused: false,
                 },
                 skip_invalid: Vec::new(),
+                dispatched: Default::default(),
             },
             0,
         );

@@ -219,6 +219,12 @@ pub struct WorkerSettings {
     pub drain_timeout_ms: u64,
     pub max_buffered_jobs: usize,
     pub max_buffered_devices: usize,
+    /// Each campaign holds about this much of its sends in memory; later jobs are parked.
+    pub lookahead_ms: u64,
+    /// Parked jobs (offsets only) before partitions are paused.
+    pub max_parked_jobs: usize,
+    /// Raw bytes of parked jobs kept in memory (beyond, they are re-read from Kafka).
+    pub max_parked_bytes: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -321,6 +327,9 @@ pub struct SenderSettings {
     /// First retry delay; doubles per attempt (with full jitter) up to `retry_max_ms`.
     pub retry_base_ms: u64,
     pub retry_max_ms: u64,
+    /// Transient failures are given up only after `max_attempts` and this long since
+    /// the device's first failure.
+    pub give_up_after_ms: u64,
     /// Speak HTTP/2 without negotiation (h2c) to a plain-text provider.
     pub http2_prior_knowledge: bool,
 }
@@ -497,6 +506,15 @@ impl Settings {
         }
         if w.max_buffered_devices == 0 {
             return Err(invalid("worker.max_buffered_devices", "must be > 0"));
+        }
+        if !(100..=600_000).contains(&w.lookahead_ms) {
+            return Err(invalid(
+                "worker.lookahead_ms",
+                "must be between 100 and 600000 (10 minutes)",
+            ));
+        }
+        if w.max_parked_jobs == 0 {
+            return Err(invalid("worker.max_parked_jobs", "must be > 0"));
         }
         Rate::per_second(self.limiter.send_rate)
             .map_err(|e| invalid("limiter.send_rate", e.to_string()))?;

@@ -30,8 +30,10 @@
 //! - [`metrics`]: the Prometheus recorder, the snapshot sampler and `sends_total`.
 //! - [`startup`]: builds and runs the HTTP application on `http.bind`.
 //! - [`cli_client`]: the `campaign` and `stats` commands, clients of the API.
+//! - [`bench`]: `pushpace bench`, the end-to-end benchmark harness.
 
 pub mod api;
+pub mod bench;
 pub mod broker;
 pub mod capping;
 pub mod cli_client;

@@ -1,5 +1,11 @@
 //! The `pushpace` command line: parses flags, loads settings and dispatches.
 
+
+// glibc malloc was about 17% of the worker's CPU per HTTP send in the profile (see
+// docs/BENCHMARKS.md, end to end); mimalloc's thread-local free lists cut that.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use pushpace::config::{LoadOptions, Settings};
@@ -81,6 +87,9 @@ enum Command {
     /// A loopback stand-in for the push provider, for load tests and the reliability
     /// scripts: `GET /_sink/stats` returns what it saw, `PUT /_sink/behaviour` changes its answers.
     Sink(SinkArgs),
+    /// The end-to-end benchmark: a plain consumer against the worker (null and HTTP
+    /// senders), peak RSS behind a slow campaign, and pacing at scale; prints a table.
+    Bench(pushpace::bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -88,6 +97,9 @@ struct SinkArgs {
     /// Where to listen (loopback).
     #[arg(long, default_value = "127.0.0.1:8090")]
     bind: std::net::SocketAddr,
+    /// Only count requests and answer 200 (for throughput benchmarks).
+    #[arg(long)]
+    count_only: bool,
 }
 
 #[derive(Args, Debug)]
@@ -154,6 +166,16 @@ async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Produce(args) => produce(&settings, &args).await,
+        Command::Sink(args) if args.count_only => {
+            let summary =
+                pushpace::sink::serve_counting_until(args.bind, wait_for_signal()).await?;
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+            Ok(())
+        }
+        Command::Bench(args) => {
+            pushpace::bench::run(&settings, &args).await?;
+            Ok(())
+        }
         Command::Sink(args) => {
             let config = pushpace::sink::SinkConfig {
                 bind: args.bind,

@@ -3,10 +3,11 @@
 //!
 //! Who emits what:
 //! - the worker, through the facade: `retries_total`, `limiter_wait_seconds`,
-//!   `dead_letters_total{kind}`, `consumer_lag{partition}`, `stats_flush_seconds`;
+//!   `dead_letters_total{kind}`, `consumer_lag{partition}`, `stats_flush_seconds`,
+//!   `stats_flushes_total`, `stats_flush_statements_total`;
 //! - [`sample`] (run by [`spawn_sampler`] and at every scrape), from the worker's
-//!   snapshots: `active_campaigns`, `buffered_jobs`, `buffered_devices`,
-//!   `paused_partitions`;
+//!   snapshots: `delivered_total`, `active_campaigns`, `buffered_jobs`, `buffered_devices`,
+//!   `parked_jobs`, `paused_partitions`;
 //! - [`render`], straight from the scheduler's snapshot: `sends_total{campaign,outcome}`.
 //!
 //! Why `sends_total` bypasses the recorder: campaign labels must exist only while the
@@ -111,7 +112,15 @@ fn describe() {
         "buffered_devices",
         "Devices of buffered jobs not yet finished"
     );
+    describe_gauge!(
+        "parked_jobs",
+        "Jobs left in Kafka behind their campaign's lookahead, to be re-read"
+    );
     describe_gauge!("paused_partitions", "Partitions paused by backpressure");
+    metrics::describe_counter!(
+        "delivered_total",
+        "Devices delivered since the worker started, all campaigns"
+    );
     metrics::counter!("retries_total").increment(0);
     for kind in [
         crate::store::DeadLetterKind::MalformedJob,
@@ -124,6 +133,7 @@ fn describe() {
         "active_campaigns",
         "buffered_jobs",
         "buffered_devices",
+        "parked_jobs",
         "paused_partitions",
     ] {
         metrics::gauge!(name).set(0.0);
@@ -133,8 +143,10 @@ fn describe() {
 /// Sets the gauges from the worker's snapshots.
 pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
     metrics::gauge!("active_campaigns").set(scheduler.active_campaigns as f64);
+    metrics::counter!("delivered_total").absolute(scheduler.delivered);
     metrics::gauge!("buffered_jobs").set(consumer.buffered_jobs as f64);
     metrics::gauge!("buffered_devices").set(consumer.buffered_devices as f64);
+    metrics::gauge!("parked_jobs").set(consumer.parked_jobs as f64);
     metrics::gauge!("paused_partitions").set(consumer.paused_partitions.len() as f64);
 }
 

@@ -1,23 +1,26 @@
 //! [`Flusher`]: writes the recorder's counts and job progress to PostgreSQL in batches.
 //!
 //! Every `interval` the flusher drains the recorder into its own pending buffer, then
-//! writes it in ONE transaction: one `INSERT … SELECT FROM UNNEST(…) ON CONFLICT DO
-//! UPDATE` adding into `delivery_seconds` for all campaigns' seconds, and one for
-//! `job_progress` (`devices_done = GREATEST(old, new)`). Adding, not overwriting, lets
-//! several workers share a row; rows are sorted so that concurrent flushers lock shared
-//! rows in the same order and cannot deadlock.
+//! writes it with ONE statement (so one implicit transaction, no BEGIN/COMMIT round
+//! trips): data-modifying CTEs add into `delivery_seconds` for all campaigns' seconds
+//! (`INSERT … SELECT FROM UNNEST(…) ON CONFLICT DO UPDATE`) and upsert `job_progress`
+//! (`devices_done = GREATEST(old, new)`). PostgreSQL runs every data-modifying CTE exactly
+//! once, whether or not the outer query reads it. Adding, not overwriting, lets several
+//! workers share a row; rows are sorted so that concurrent flushers lock shared rows in
+//! the same order and cannot deadlock.
 //!
 //! When the database is unreachable the rows stay in memory (the ring keeps being
 //! drained, so nothing is lost) and the write is retried with exponential backoff. The
 //! outage is logged once (warn), and its end once (info). Past `max_pending_rows` the
 //! recorder's backpressure flag is raised so that the scheduler pauses sending.
 //!
-//! Exactness after recovery: a failed transaction is rolled back, so writing the same
-//! rows again is correct. The one doubtful case is a connection lost during COMMIT:
-//! the server may have committed. Each batch therefore carries a marker
-//! `(flusher_id, seq)` inserted in the same statement as the counts; a retry of the same
-//! batch finds the marker and skips the counts. A batch's rows are frozen once tried,
-//! and rows drained during an outage wait in the next batch.
+//! Exactness after recovery: a failed statement is rolled back, so writing the same
+//! rows again is correct. The one doubtful case is a connection lost while the statement
+//! commits: the server may have committed. Each batch therefore carries a marker
+//! `(flusher_id, seq)` inserted by the same statement as the counts; a retry of the same
+//! batch finds the marker and skips the counts (progress only moves forward, so it is
+//! written again harmlessly). A batch's rows are frozen once tried, and rows drained
+//! during an outage wait in the next batch.
 
 use super::counters::{lock, StatsRecorder, OUTCOMES};
 use super::progress::JobCell;
@@ -67,9 +70,9 @@ pub struct FlushReport {
     pub seconds_rows: usize,
     /// Rows upserted into `job_progress`.
     pub progress_rows: usize,
-    /// Transactions committed (one per batch; two after an outage).
+    /// Batches committed (one per flush; two after an outage).
     pub batches: usize,
-    /// Data statements executed (at most two per batch, plus BEGIN and COMMIT).
+    /// Statements executed: one per batch attempt.
     pub statements: u64,
 }
 
@@ -405,6 +408,7 @@ impl Flusher {
     /// After a commit: jobs learn their durable progress, finished ones are forgotten.
     fn committed(&self, batch: Batch) {
         self.inner.batches.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("stats_flushes_total").increment(1);
         if batch.progress.is_empty() {
             return;
         }
@@ -416,65 +420,57 @@ impl Flusher {
     }
 
     async fn write_batch(&self, batch: &Batch, report: &mut FlushReport) -> Result<(), StoreError> {
-        let mut tx = self.inner.pool.begin().await?;
-        if !batch.seconds.is_empty() {
-            let campaigns: Vec<&str> = batch.seconds.iter().map(|r| &*r.0).collect();
-            let seconds: Vec<DateTime<Utc>> = batch.seconds.iter().map(|r| r.1).collect();
-            let column = |i: usize| -> Vec<i64> { batch.seconds.iter().map(|r| r.2[i]).collect() };
-            self.count_statement(report);
-            sqlx::query(SECONDS_UPSERT)
-                .bind(&self.inner.id)
-                .bind(i64::try_from(batch.seq).unwrap_or(i64::MAX))
-                .bind(&campaigns)
-                .bind(&seconds)
-                .bind(column(0))
-                .bind(column(1))
-                .bind(column(2))
-                .bind(column(3))
-                .bind(column(4))
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !batch.progress.is_empty() {
-            let mut jobs: Vec<&str> = Vec::with_capacity(batch.progress.len());
-            let mut campaigns: Vec<&str> = Vec::with_capacity(batch.progress.len());
-            let mut partitions: Vec<i32> = Vec::with_capacity(batch.progress.len());
-            let mut offsets: Vec<i64> = Vec::with_capacity(batch.progress.len());
-            let mut totals: Vec<i32> = Vec::with_capacity(batch.progress.len());
-            let mut done: Vec<i32> = Vec::with_capacity(batch.progress.len());
-            for (cell, d) in &batch.progress {
-                // The same job tracked twice (re-consumed): one row, the furthest value,
-                // since ON CONFLICT cannot touch a row twice in one statement.
-                if jobs.last() == Some(&&*cell.job_id) {
-                    if let Some(last) = done.last_mut() {
-                        *last = (*last).max(clamp_i32(*d));
-                    }
-                    continue;
+        let campaigns: Vec<&str> = batch.seconds.iter().map(|r| &*r.0).collect();
+        let seconds: Vec<DateTime<Utc>> = batch.seconds.iter().map(|r| r.1).collect();
+        let column = |i: usize| -> Vec<i64> { batch.seconds.iter().map(|r| r.2[i]).collect() };
+        let n = batch.progress.len();
+        let mut jobs: Vec<&str> = Vec::with_capacity(n);
+        let mut job_campaigns: Vec<&str> = Vec::with_capacity(n);
+        let mut partitions: Vec<i32> = Vec::with_capacity(n);
+        let mut offsets: Vec<i64> = Vec::with_capacity(n);
+        let mut totals: Vec<i32> = Vec::with_capacity(n);
+        let mut done: Vec<i32> = Vec::with_capacity(n);
+        for (cell, d) in &batch.progress {
+            // The same job tracked twice (re-consumed): one row, the furthest value,
+            // since ON CONFLICT cannot touch a row twice in one statement.
+            if jobs.last() == Some(&&*cell.job_id) {
+                if let Some(last) = done.last_mut() {
+                    *last = (*last).max(clamp_i32(*d));
                 }
-                jobs.push(&cell.job_id);
-                campaigns.push(&cell.campaign_id);
-                partitions.push(cell.partition);
-                offsets.push(cell.offset);
-                totals.push(clamp_i32(cell.total));
-                done.push(clamp_i32(*d));
+                continue;
             }
-            self.count_statement(report);
-            sqlx::query(PROGRESS_UPSERT)
-                .bind(&jobs)
-                .bind(&campaigns)
-                .bind(&partitions)
-                .bind(&offsets)
-                .bind(&totals)
-                .bind(&done)
-                .execute(&mut *tx)
-                .await?;
+            jobs.push(&cell.job_id);
+            job_campaigns.push(&cell.campaign_id);
+            partitions.push(cell.partition);
+            offsets.push(cell.offset);
+            totals.push(clamp_i32(cell.total));
+            done.push(clamp_i32(*d));
         }
-        tx.commit().await?;
+        self.count_statement(report);
+        sqlx::query(FLUSH)
+            .bind(&self.inner.id)
+            .bind(i64::try_from(batch.seq).unwrap_or(i64::MAX))
+            .bind(&campaigns)
+            .bind(&seconds)
+            .bind(column(0))
+            .bind(column(1))
+            .bind(column(2))
+            .bind(column(3))
+            .bind(column(4))
+            .bind(&jobs)
+            .bind(&job_campaigns)
+            .bind(&partitions)
+            .bind(&offsets)
+            .bind(&totals)
+            .bind(&done)
+            .execute(&self.inner.pool)
+            .await?;
         Ok(())
     }
 
     fn count_statement(&self, report: &mut FlushReport) {
         self.inner.statements.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("stats_flush_statements_total").increment(1);
         report.statements += 1;
     }
 }
@@ -483,46 +479,47 @@ fn clamp_i32(v: u32) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
 
-/// Adds every campaign-second in one statement. The `marker` CTE makes a retried batch
-/// idempotent (see the module docs) and drops this flusher's older markers, which are no
-/// longer needed once a later batch is being written.
-const SECONDS_UPSERT: &str = "\
+/// The whole flush in one statement: the batch marker (see the module docs; older
+/// markers of this flusher are dropped, a later batch being written), every
+/// campaign-second added into `delivery_seconds` unless the marker shows the batch was
+/// already committed, and every job's progress upserted (it only moves forward, so
+/// writing it twice is harmless).
+const FLUSH: &str = "\
 WITH marker AS (
     INSERT INTO stats_flushes (flusher_id, seq) VALUES ($1, $2)
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), cleanup AS (
     DELETE FROM stats_flushes WHERE flusher_id = $1 AND seq < $2
+), seconds AS (
+    INSERT INTO delivery_seconds AS d (campaign_id, second, sent, failed, retried, skipped_invalid, capped)
+    SELECT u.campaign_id, u.second, u.sent, u.failed, u.retried, u.skipped_invalid, u.capped
+    FROM UNNEST($3::text[], $4::timestamptz[], $5::int8[], $6::int8[], $7::int8[], $8::int8[], $9::int8[])
+        AS u(campaign_id, second, sent, failed, retried, skipped_invalid, capped)
+    WHERE EXISTS (SELECT 1 FROM marker)
+    ON CONFLICT (campaign_id, second) DO UPDATE SET
+        sent = d.sent + EXCLUDED.sent,
+        failed = d.failed + EXCLUDED.failed,
+        retried = d.retried + EXCLUDED.retried,
+        skipped_invalid = d.skipped_invalid + EXCLUDED.skipped_invalid,
+        capped = d.capped + EXCLUDED.capped
+), progress AS (
+    INSERT INTO job_progress AS p
+        (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, completed_at, updated_at)
+    SELECT u.job_id, u.campaign_id, u.partition, u.kafka_offset, u.devices_total, u.devices_done,
+           CASE WHEN u.devices_done >= u.devices_total THEN now() END, now()
+    FROM UNNEST($10::text[], $11::text[], $12::int4[], $13::int8[], $14::int4[], $15::int4[])
+        AS u(job_id, campaign_id, partition, kafka_offset, devices_total, devices_done)
+    ON CONFLICT (job_id) DO UPDATE SET
+        campaign_id = EXCLUDED.campaign_id,
+        partition = EXCLUDED.partition,
+        kafka_offset = EXCLUDED.kafka_offset,
+        devices_done = LEAST(GREATEST(p.devices_done, EXCLUDED.devices_done), p.devices_total),
+        completed_at = COALESCE(p.completed_at,
+            CASE WHEN GREATEST(p.devices_done, EXCLUDED.devices_done) >= p.devices_total THEN now() END),
+        updated_at = now()
 )
-INSERT INTO delivery_seconds AS d (campaign_id, second, sent, failed, retried, skipped_invalid, capped)
-SELECT u.campaign_id, u.second, u.sent, u.failed, u.retried, u.skipped_invalid, u.capped
-FROM UNNEST($3::text[], $4::timestamptz[], $5::int8[], $6::int8[], $7::int8[], $8::int8[], $9::int8[])
-    AS u(campaign_id, second, sent, failed, retried, skipped_invalid, capped)
-WHERE EXISTS (SELECT 1 FROM marker)
-ON CONFLICT (campaign_id, second) DO UPDATE SET
-    sent = d.sent + EXCLUDED.sent,
-    failed = d.failed + EXCLUDED.failed,
-    retried = d.retried + EXCLUDED.retried,
-    skipped_invalid = d.skipped_invalid + EXCLUDED.skipped_invalid,
-    capped = d.capped + EXCLUDED.capped";
-
-/// Upserts every job's progress in one statement. Progress only moves forward, so
-/// writing a value twice is harmless.
-const PROGRESS_UPSERT: &str = "\
-INSERT INTO job_progress AS p
-    (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, completed_at, updated_at)
-SELECT u.job_id, u.campaign_id, u.partition, u.kafka_offset, u.devices_total, u.devices_done,
-       CASE WHEN u.devices_done >= u.devices_total THEN now() END, now()
-FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[], $6::int4[])
-    AS u(job_id, campaign_id, partition, kafka_offset, devices_total, devices_done)
-ON CONFLICT (job_id) DO UPDATE SET
-    campaign_id = EXCLUDED.campaign_id,
-    partition = EXCLUDED.partition,
-    kafka_offset = EXCLUDED.kafka_offset,
-    devices_done = LEAST(GREATEST(p.devices_done, EXCLUDED.devices_done), p.devices_total),
-    completed_at = COALESCE(p.completed_at,
-        CASE WHEN GREATEST(p.devices_done, EXCLUDED.devices_done) >= p.devices_total THEN now() END),
-    updated_at = now()";
+SELECT 1";
 
 /// A flusher id unique across processes and restarts: pid, start time and a counter.
 fn unique_id() -> String {

@@ -6,18 +6,26 @@
 //! has made that progress durable, so a committed offset never covers unflushed counts.
 //! Offsets are stored and committed on a timer, on revocation and at shutdown.
 //!
-//! Backpressure: buffered work is counted per partition in jobs and devices. A partition
-//! over its share of `max_buffered_jobs` / `max_buffered_devices` is paused and resumed
-//! once it drains below half, so a slow campaign's backlog stays in Kafka, not in memory.
+//! Backpressure, per campaign first: each campaign keeps about `lookahead` of sends in
+//! memory (see [`Backlog`]); its later jobs are parked, as raw messages while
+//! `max_parked_bytes` allows and as offsets re-read by the [`Refetcher`] beyond it, and
+//! handed over when the campaign runs low, so a slow campaign's backlog waits without
+//! blocking the campaigns behind it in the same partition. `max_buffered_jobs` /
+//! `max_buffered_devices` bound what all campaigns hold in memory (beyond it, jobs are
+//! parked too), and a partition whose parked jobs exceed its share of `max_parked_jobs`
+//! is paused until they fall below half.
 //!
 //! It runs on a plain thread so that the rebalance callback may block (bounded) while
 //! the scheduler drains the revoked partitions' in-flight sends.
 
+use super::backlog::{Backlog, JobRef};
 use super::offsets::OffsetTracker;
-use super::scheduler::{CampaignSettings, Control, Event, IncomingJob};
+use super::refetch::Refetcher;
+use super::scheduler::{CampaignSettings, Control, Event, IncomingJob, SchedulerStats};
 use crate::config::KafkaSettings;
 use crate::hygiene::TokenHygiene;
 use crate::job::{self, Job};
+use crate::limiter::Rate;
 use crate::shutdown::Shutdown;
 use crate::stats::JobProgressHandle;
 use crate::store::campaigns::{self, CampaignDefaults, CampaignStatus};
@@ -28,6 +36,7 @@ use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use sqlx::PgPool;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
@@ -38,6 +47,8 @@ use tokio::sync::mpsc;
 pub struct ConsumerStats {
     pub buffered_jobs: usize,
     pub buffered_devices: usize,
+    /// Jobs left in Kafka behind their campaign's lookahead, to be re-read.
+    pub parked_jobs: usize,
     pub paused_partitions: Vec<i32>,
     pub jobs_received: u64,
     pub dead_letters: u64,
@@ -53,6 +64,13 @@ pub struct ConsumerParams {
     pub bootstrap: String,
     pub max_buffered_jobs: usize,
     pub max_buffered_devices: usize,
+    /// Sends per campaign held in memory ahead of the scheduler.
+    pub lookahead: Duration,
+    pub max_parked_jobs: usize,
+    /// Raw bytes of parked jobs kept in memory; beyond, parked jobs are re-read.
+    pub max_parked_bytes: usize,
+    /// The scheduler's snapshots: live rates, for the lookahead.
+    pub live: tokio::sync::watch::Receiver<SchedulerStats>,
     pub drain_timeout: Duration,
     pub defaults: CampaignDefaults,
     pub pool: PgPool,
@@ -88,6 +106,7 @@ struct State {
     runtime: Handle,
     stats: ConsumerStats,
     hygiene: Option<Arc<TokenHygiene>>,
+    backlog: Backlog,
 }
 
 impl State {
@@ -100,9 +119,11 @@ impl State {
                     offset,
                     devices,
                     progress,
-                }) => self
-                    .finishing
-                    .push((partition, offset, devices as usize, progress)),
+                }) => {
+                    self.backlog.finished(partition, offset);
+                    self.finishing
+                        .push((partition, offset, devices as usize, progress));
+                }
                 Ok(Event::DeadLetter {
                     campaign_id,
                     job_id,
@@ -279,6 +300,7 @@ impl ConsumerContext for Ctx {
             s.tracker.forget(*p);
             s.load.remove(p);
         }
+        s.backlog.forget_partitions(&partitions);
         s.finishing.retain(|(p, ..)| !partitions.contains(p));
     }
 
@@ -300,6 +322,10 @@ pub fn spawn(
         bootstrap,
         max_buffered_jobs,
         max_buffered_devices,
+        lookahead,
+        max_parked_jobs,
+        max_parked_bytes,
+        live,
         drain_timeout,
         defaults,
         pool,
@@ -322,6 +348,7 @@ pub fn spawn(
         runtime: runtime.clone(),
         stats: ConsumerStats::default(),
         hygiene: hygiene.clone(),
+        backlog: Backlog::new(lookahead),
     }));
     let flush_for_loop = flush_now.clone();
     let ctx = Ctx {
@@ -336,6 +363,7 @@ pub fn spawn(
     config.set("statistics.interval.ms", "5000");
     let consumer: BaseConsumer<Ctx> = config.create_with_context(ctx)?;
     consumer.subscribe(&[&kafka.topic])?;
+    let refetcher = Refetcher::new(&kafka, &bootstrap)?;
     let commit_every = Duration::from_millis(kafka.commit_interval_ms);
     let thread = std::thread::Builder::new()
         .name("kafka-consumer".into())
@@ -354,6 +382,11 @@ pub fn spawn(
                 known: Default::default(),
                 max_jobs: max_buffered_jobs,
                 max_devices: max_buffered_devices,
+                max_parked: max_parked_jobs,
+                max_parked_bytes,
+                refetcher,
+                live,
+                unpark_after: Instant::now(),
                 stats,
                 db_down: Default::default(),
                 flush_now: flush_for_loop,
@@ -389,6 +422,12 @@ struct Loop {
     known: std::cell::RefCell<HashMap<String, CampaignSettings>>,
     max_jobs: usize,
     max_devices: usize,
+    max_parked: usize,
+    max_parked_bytes: usize,
+    refetcher: Refetcher,
+    live: tokio::sync::watch::Receiver<SchedulerStats>,
+    /// No re-read before this instant (backoff after a failed one).
+    unpark_after: Instant,
     stats: tokio::sync::watch::Sender<ConsumerStats>,
     db_down: std::cell::Cell<bool>,
     flush_now: FlushNow,
@@ -418,9 +457,12 @@ impl Loop {
         f(&mut s, &self.consumer)
     }
 
-    /// One iteration: apply events, adjust pauses, read at most one message.
+    /// One iteration: apply events, re-read parked jobs that are due, adjust pauses,
+    /// read at most one new message.
     fn step(&mut self) {
         self.with_state(|s, _| s.drain_events());
+        self.follow_live_rates();
+        self.unpark_due();
         self.adjust_pauses();
         self.publish_stats();
         let polled = self.consumer.poll(Duration::from_millis(50));
@@ -437,36 +479,124 @@ impl Loop {
         }
     }
 
-    fn partition_shares(&self) -> (usize, usize) {
+    /// Rate changes (API, database) move each campaign's lookahead.
+    fn follow_live_rates(&mut self) {
+        if !self.live.has_changed().unwrap_or(false) {
+            return;
+        }
+        let live = self.live.borrow_and_update().campaigns.clone();
+        let mut known = self.known.borrow_mut();
+        self.with_state(|s, _| {
+            for c in live.iter() {
+                s.backlog.set_rate(&c.id, c.rate);
+                if let (Some(k), Ok(rate)) = (known.get_mut(&*c.id), Rate::per_second(c.rate)) {
+                    k.rate = rate;
+                }
+            }
+        });
+    }
+
+    /// Whether memory has room for one more job under the worker-wide bounds.
+    fn has_room(&self) -> bool {
+        self.with_state(|s, _| {
+            let jobs: usize = s.load.values().map(|l| l.jobs).sum();
+            let devices: usize = s.load.values().map(|l| l.devices).sum();
+            jobs < self.max_jobs && devices < self.max_devices
+        })
+    }
+
+    /// Hands over parked jobs of campaigns running low, most starved first: from memory,
+    /// or re-read from Kafka.
+    fn unpark_due(&mut self) {
+        // Bounded per step, in count and in time, so that the loop still polls often
+        // (the group's poll interval) and serves new messages and rebalances.
+        const MAX_PER_STEP: usize = 64;
+        const MAX_STEP_TIME: Duration = Duration::from_millis(200);
+        if Instant::now() < self.unpark_after {
+            return;
+        }
+        let started = Instant::now();
+        for _ in 0..MAX_PER_STEP {
+            if started.elapsed() > MAX_STEP_TIME {
+                return;
+            }
+            let room = self.has_room();
+            let Some((campaign, parked)) = self.with_state(|s, _| s.backlog.next_to_unpark(room))
+            else {
+                return;
+            };
+            let at = parked.at;
+            let fetched = match parked.message {
+                Some(m) => Ok(m),
+                None => self.refetcher.fetch(&self.topic, at),
+            };
+            match fetched {
+                Ok(msg) => {
+                    let span = tracing::info_span!(
+                        "job",
+                        partition = at.partition,
+                        offset = at.offset,
+                        refetched = true
+                    );
+                    let _g = span.enter();
+                    if let Some(job) = self.decode_or_dead_letter(&msg, at.partition, at.offset) {
+                        let settings = self.campaign_settings(&job);
+                        self.hand_over(job, settings, at.partition, at.offset);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, partition = at.partition, offset = at.offset, "cannot re-read a parked job; retrying in 1 s");
+                    self.with_state(|s, _| s.backlog.unpark_failed(&campaign, at));
+                    self.unpark_after = Instant::now() + Duration::from_secs(1);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Pauses a partition whose parked jobs exceed its share of `max_parked_jobs`, or,
+    /// once parked messages fill `max_parked_bytes`, any partition where no campaign
+    /// starves: reading ahead is then driven by need, and parked jobs stay in memory
+    /// instead of being re-read from Kafka one by one.
+    fn adjust_pauses(&mut self) {
         let n = self
             .with_state(|s, _| s.load.len())
             .max(self.consumer.assignment().map(|a| a.count()).unwrap_or(1))
             .max(1);
-        ((self.max_jobs / n).max(1), (self.max_devices / n).max(1))
-    }
-
-    fn adjust_pauses(&mut self) {
-        let (max_jobs, max_devices) = self.partition_shares();
+        let share = (self.max_parked / n).max(1);
+        let max_bytes = self.max_parked_bytes;
         let topic = self.topic.clone();
         self.with_state(|s, c| {
+            let evicted = s.backlog.evict_hog(max_bytes);
+            if evicted > 0 {
+                tracing::info!(evicted, "one campaign filled the parked-bytes budget; its newest parked jobs will be re-read");
+            }
+            let bytes = s.backlog.parked_bytes();
             for (p, l) in s.load.iter_mut() {
-                let over = l.jobs >= max_jobs || l.devices >= max_devices;
-                let below_half = l.jobs <= max_jobs / 2 && l.devices <= max_devices / 2;
+                let parked = s.backlog.parked_in(*p);
+                let starving = s.backlog.starving_in(*p);
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&topic, *p);
-                if over && !l.paused {
+                let too_many = parked >= share;
+                // A zero budget keeps nothing in memory: only offsets, no memory pause.
+                let memory_full = max_bytes > 0 && bytes >= max_bytes && !starving;
+                if (too_many || memory_full) && !l.paused {
                     if c.pause(&tpl).is_ok() {
                         l.paused = true;
-                        tracing::info!(
+                        tracing::debug!(
                             partition = p,
-                            jobs = l.jobs,
-                            devices = l.devices,
-                            "partition paused: buffer full"
+                            parked,
+                            parked_bytes = bytes,
+                            "partition paused: enough parked ahead"
                         );
                     }
-                } else if l.paused && below_half && c.resume(&tpl).is_ok() {
+                } else if l.paused
+                    && parked <= share / 2
+                    && (bytes <= max_bytes / 4 * 3 || starving)
+                    && c.resume(&tpl).is_ok()
+                {
                     l.paused = false;
-                    tracing::info!(partition = p, "partition resumed");
+                    tracing::debug!(partition = p, "partition resumed");
                 }
             }
         });
@@ -477,6 +607,7 @@ impl Loop {
             let mut st = s.stats.clone();
             st.buffered_jobs = s.load.values().map(|l| l.jobs).sum();
             st.buffered_devices = s.load.values().map(|l| l.devices).sum();
+            st.parked_jobs = s.backlog.parked_total();
             st.paused_partitions = s
                 .load
                 .iter()
@@ -496,13 +627,50 @@ impl Loop {
         });
     }
 
+    /// A new message: dead-letter it, hold it, or park it behind its campaign's lookahead.
     fn handle(&self, msg: &BorrowedMessage<'_>, partition: i32, offset: i64) {
         let span = tracing::info_span!("job", partition, offset);
         let _g = span.enter();
         self.with_state(|s, _| {
             s.tracker.started(partition, offset);
             s.stats.jobs_received += 1;
+            s.load.entry(partition).or_default();
         });
+        let Some(job) = self.decode_or_dead_letter(msg, partition, offset) else {
+            return;
+        };
+        let settings = self.campaign_settings(&job);
+        let room = self.has_room();
+        let at = JobRef { partition, offset };
+        let max_bytes = self.max_parked_bytes;
+        let parked = self.with_state(|s, _| {
+            if s.backlog.wants(&settings.id) && (room || s.backlog.guaranteed(&settings.id)) {
+                false
+            } else {
+                // Keep the raw message while memory allows: no re-read later. Partitions
+                // pause at the budget unless a campaign starves there (see adjust_pauses);
+                // reading on for it may keep up to twice the budget.
+                let size = msg.payload_len() + msg.key_len();
+                let keep = (s.backlog.parked_bytes() + size <= 2 * max_bytes).then(|| msg.detach());
+                s.backlog
+                    .park(&settings.id, settings.rate.as_f64(), at, keep);
+                true
+            }
+        });
+        if parked {
+            tracing::debug!(campaign = %settings.id, "job parked behind its campaign's lookahead");
+        } else {
+            self.hand_over(job, settings, partition, offset);
+        }
+    }
+
+    /// Decodes and checks a job; a bad one is dead-lettered (and finished) here.
+    fn decode_or_dead_letter<M: Message>(
+        &self,
+        msg: &M,
+        partition: i32,
+        offset: i64,
+    ) -> Option<Job> {
         let payload = msg.payload().unwrap_or(&[]);
         let decoded = job::decode(payload, msg.key())
             .map_err(|e| (e.kind(), e.to_string()))
@@ -510,8 +678,8 @@ impl Loop {
                 Some(reason) => Err((DeadLetterKind::InvalidJob, reason)),
                 None => Ok(j),
             });
-        let job = match decoded {
-            Ok(j) => j,
+        match decoded {
+            Ok(j) => Some(j),
             Err((kind, reason)) => {
                 tracing::warn!(%reason, kind = kind.as_str(), "job dead-lettered");
                 let key_campaign = msg.key().and_then(|k| std::str::from_utf8(k).ok());
@@ -532,17 +700,28 @@ impl Loop {
                     s.stats.dead_letters += 1;
                     s.tracker.finished(partition, offset);
                 });
-                return;
+                None
             }
-        };
-        let settings = self.campaign_settings(&job);
+        }
+    }
+
+    /// Hands a job to the scheduler, with its stored progress and invalid tokens.
+    fn hand_over(&self, job: Job, settings: CampaignSettings, partition: i32, offset: i64) {
         let already_done = self.already_done(&job);
         let skip_invalid = self.invalid_devices(&job);
         let devices = job.devices.len();
+        let dispatched = Arc::new(AtomicU32::new(already_done));
         self.with_state(|s, _| {
             let l = s.load.entry(partition).or_default();
             l.jobs += 1;
             l.devices += devices;
+            s.backlog.hold(
+                &settings.id,
+                settings.rate.as_f64(),
+                JobRef { partition, offset },
+                devices as u32,
+                dispatched.clone(),
+            );
         });
         let incoming = IncomingJob {
             job: Arc::new(job),
@@ -551,6 +730,7 @@ impl Loop {
             already_done,
             settings,
             skip_invalid,
+            dispatched,
         };
         // Blocks when the scheduler's queue is full: a natural brake on consumption.
         if self.control.blocking_send(Control::Job(incoming)).is_err() {
@@ -658,7 +838,7 @@ impl Loop {
 }
 
 /// Headers must be UTF-8 text when present; anything else is refused with a reason.
-fn header_problem(msg: &BorrowedMessage<'_>) -> Option<String> {
+fn header_problem<M: Message>(msg: &M) -> Option<String> {
     let headers = msg.headers()?;
     for h in headers.iter() {
         if let Some(v) = h.value {

@@ -9,8 +9,10 @@
 //! its in-flight sends (up to `drain_timeout`); the consumer flushes progress and
 //! commits what is durable; then the flusher makes its final flush.
 
+pub mod backlog;
 pub mod consumer;
 pub mod offsets;
+pub mod refetch;
 pub mod scheduler;
 
 use crate::config::{LimiterScope, SenderKind, Settings};
@@ -177,6 +179,7 @@ impl Worker {
                 max_attempts: settings.sender.max_attempts,
                 retry_base: Duration::from_millis(settings.sender.retry_base_ms),
                 retry_max: Duration::from_millis(settings.sender.retry_max_ms),
+                give_up_after: Duration::from_millis(settings.sender.give_up_after_ms),
                 global_rate: settings.limiter.global_rate(),
                 limiters,
             },
@@ -224,6 +227,10 @@ impl Worker {
                 bootstrap,
                 max_buffered_jobs: w.max_buffered_jobs,
                 max_buffered_devices: w.max_buffered_devices,
+                lookahead: Duration::from_millis(w.lookahead_ms),
+                max_parked_jobs: w.max_parked_jobs,
+                max_parked_bytes: w.max_parked_bytes,
+                live: scheduler_stats.clone(),
                 drain_timeout,
                 defaults,
                 pool,

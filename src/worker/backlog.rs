@@ -1,0 +1,470 @@
+//! Per-campaign lookahead: which jobs the consumer holds in memory and which it parks.
+//!
+//! A partition carries many campaigns' jobs interleaved. Pausing a whole partition when
+//! one slow campaign's backlog fills the buffer starves every other campaign behind it
+//! (head-of-line blocking). Instead, each campaign keeps in memory only the devices it
+//! will send in the next `lookahead` at its own rate (and at least one job). Later jobs
+//! of that campaign are *parked*: their raw message is kept (undecoded) while all parked
+//! bytes stay within a budget, beyond which only their (partition, offset) is kept, about
+//! 16 bytes, and the job is re-read from Kafka when the campaign runs low. Parked jobs are
+//! not finished, so the committed offset never passes them.
+//!
+//! This type is pure bookkeeping (no Kafka, no I/O), so its rules are unit-tested.
+
+use rdkafka::message::OwnedMessage;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A job left in Kafka, to be re-read by offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobRef {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// A job handed to the scheduler: `dispatched` is its send cursor, kept by the scheduler.
+#[derive(Debug)]
+struct Held {
+    at: JobRef,
+    total: u32,
+    dispatched: Arc<AtomicU32>,
+}
+
+#[derive(Debug, Default)]
+struct CampaignBacklog {
+    /// Sends per second (the live send_rate; paused campaigns keep theirs).
+    rate: f64,
+    held: Vec<Held>,
+    parked: VecDeque<Parked>,
+    /// The partition its latest job came from: where its next one probably is.
+    partition: Option<i32>,
+}
+
+/// A parked job: its place, and its raw message while it fits in the byte budget.
+#[derive(Debug)]
+pub struct Parked {
+    pub at: JobRef,
+    pub message: Option<OwnedMessage>,
+}
+
+fn message_bytes(m: &Option<OwnedMessage>) -> usize {
+    use rdkafka::Message;
+    m.as_ref().map_or(0, |m| {
+        m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len)
+    })
+}
+
+impl CampaignBacklog {
+    /// Held jobs with devices not dispatched yet.
+    fn undispatched_jobs(&self) -> usize {
+        self.held
+            .iter()
+            .filter(|h| h.dispatched.load(Ordering::Relaxed) < h.total)
+            .count()
+    }
+
+    /// Devices handed to the scheduler and not dispatched yet.
+    fn remaining(&self) -> u64 {
+        self.held
+            .iter()
+            .map(|h| u64::from(h.total.saturating_sub(h.dispatched.load(Ordering::Relaxed))))
+            .sum()
+    }
+}
+
+/// The consumer's lookahead bookkeeping, per campaign.
+#[derive(Debug)]
+pub struct Backlog {
+    lookahead: Duration,
+    campaigns: HashMap<Arc<str>, CampaignBacklog>,
+    /// Campaign of each held job, to find it again when the job finishes.
+    held_at: HashMap<(i32, i64), Arc<str>>,
+    parked_per_partition: HashMap<i32, usize>,
+    /// Payload and key bytes of the parked messages kept in memory.
+    parked_bytes: usize,
+}
+
+impl Backlog {
+    pub fn new(lookahead: Duration) -> Self {
+        Self {
+            lookahead,
+            campaigns: HashMap::new(),
+            held_at: HashMap::new(),
+            parked_per_partition: HashMap::new(),
+            parked_bytes: 0,
+        }
+    }
+
+    /// Devices worth `lookahead` at `rate`, at least one.
+    fn lookahead_devices(&self, rate: f64) -> u64 {
+        let d = rate * self.lookahead.as_secs_f64();
+        if d.is_finite() && d >= 1.0 {
+            d.ceil() as u64
+        } else {
+            1
+        }
+    }
+
+    /// Whether a new job of `campaign` should be held in memory: the campaign has less
+    /// than its lookahead waiting and no earlier job parked (its jobs stay in order).
+    pub fn wants(&self, campaign: &str) -> bool {
+        match self.campaigns.get(campaign) {
+            None => true,
+            Some(c) => c.parked.is_empty() && c.remaining() < self.lookahead_devices(c.rate),
+        }
+    }
+
+    /// Whether `campaign` may take a job even past the worker-wide memory bound: its
+    /// first, or its next one while fewer than two of its held jobs have work left. A
+    /// held job counts against the bound until its progress is durable (up to a flush
+    /// after its last send), so without this a campaign would idle at every job boundary
+    /// whenever the bound is full. The bound is thus soft by at most two jobs per campaign.
+    pub fn guaranteed(&self, campaign: &str) -> bool {
+        self.campaigns
+            .get(campaign)
+            .is_none_or(|c| c.undispatched_jobs() <= 1)
+    }
+
+    /// Records a job handed to the scheduler.
+    pub fn hold(
+        &mut self,
+        campaign: &Arc<str>,
+        rate: f64,
+        at: JobRef,
+        total: u32,
+        dispatched: Arc<AtomicU32>,
+    ) {
+        let c = self.campaigns.entry(campaign.clone()).or_default();
+        c.rate = rate;
+        c.partition = Some(at.partition);
+        c.held.push(Held {
+            at,
+            total,
+            dispatched,
+        });
+        self.held_at
+            .insert((at.partition, at.offset), campaign.clone());
+    }
+
+    /// Parks a job; [`next_to_unpark`](Self::next_to_unpark) returns it later. `message`
+    /// is its raw message when the caller keeps it in memory, `None` to re-read it.
+    pub fn park(
+        &mut self,
+        campaign: &Arc<str>,
+        rate: f64,
+        at: JobRef,
+        message: Option<OwnedMessage>,
+    ) {
+        let c = self.campaigns.entry(campaign.clone()).or_default();
+        c.rate = rate;
+        c.partition = Some(at.partition);
+        self.parked_bytes += message_bytes(&message);
+        c.parked.push_back(Parked { at, message });
+        *self.parked_per_partition.entry(at.partition).or_default() += 1;
+    }
+
+    /// Puts back a parked job whose re-read failed, at the head of its campaign's queue.
+    pub fn unpark_failed(&mut self, campaign: &Arc<str>, at: JobRef) {
+        let c = self.campaigns.entry(campaign.clone()).or_default();
+        c.parked.push_front(Parked { at, message: None });
+        *self.parked_per_partition.entry(at.partition).or_default() += 1;
+    }
+
+    /// Whether a campaign whose latest job came from `partition` is running low with
+    /// nothing parked: reading that partition on is how it gets its next job.
+    pub fn starving_in(&self, partition: i32) -> bool {
+        self.campaigns.values().any(|c| {
+            c.partition == Some(partition)
+                && c.parked.is_empty()
+                && c.remaining() < self.lookahead_devices(c.rate)
+        })
+    }
+
+    /// When parked messages fill `max_bytes` and one campaign holds half of them or more
+    /// (a paused campaign's backlog, say), drops that campaign's newest parked messages,
+    /// keeping their offsets, until the total is back to ¾ of the budget. Otherwise that
+    /// campaign alone would keep memory full, and so every partition paused. Returns how
+    /// many were dropped.
+    pub fn evict_hog(&mut self, max_bytes: usize) -> usize {
+        if max_bytes == 0 || self.parked_bytes < max_bytes {
+            return 0;
+        }
+        let Some(c) = self.campaigns.values_mut().max_by_key(|c| {
+            c.parked
+                .iter()
+                .map(|p| message_bytes(&p.message))
+                .sum::<usize>()
+        }) else {
+            return 0;
+        };
+        let hog: usize = c.parked.iter().map(|p| message_bytes(&p.message)).sum();
+        if hog < max_bytes / 2 {
+            return 0;
+        }
+        let mut dropped = 0;
+        for p in c.parked.iter_mut().rev() {
+            if self.parked_bytes <= max_bytes / 4 * 3 {
+                break;
+            }
+            if p.message.is_some() {
+                self.parked_bytes -= message_bytes(&p.message);
+                p.message = None;
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
+    /// Bytes of the parked messages kept in memory.
+    pub fn parked_bytes(&self) -> usize {
+        self.parked_bytes
+    }
+
+    /// A held job is finished: it no longer counts toward its campaign's lookahead.
+    pub fn finished(&mut self, partition: i32, offset: i64) {
+        let Some(id) = self.held_at.remove(&(partition, offset)) else {
+            return;
+        };
+        if let Some(c) = self.campaigns.get_mut(&id) {
+            c.held.retain(|h| h.at != JobRef { partition, offset });
+            if c.held.is_empty() && c.parked.is_empty() {
+                self.campaigns.remove(&id);
+            }
+        }
+    }
+
+    /// The campaign's live rate changed (the lookahead follows it).
+    pub fn set_rate(&mut self, campaign: &str, rate: f64) {
+        if let Some(c) = self.campaigns.get_mut(campaign) {
+            c.rate = rate;
+        }
+    }
+
+    /// The parked job of the most starved campaign (least lookahead left) that wants
+    /// more, removed from the parked set; `None` when no campaign does.
+    /// With `room` false (the worker-wide bound is full), only campaigns that are
+    /// [`guaranteed`](Self::guaranteed) a job are considered.
+    pub fn next_to_unpark(&mut self, room: bool) -> Option<(Arc<str>, Parked)> {
+        let mut best: Option<(&Arc<str>, f64)> = None;
+        for (id, c) in &self.campaigns {
+            if c.parked.is_empty() || (!room && c.undispatched_jobs() > 1) {
+                continue;
+            }
+            let want = self.lookahead_devices(c.rate);
+            let left = c.remaining();
+            if left >= want {
+                continue;
+            }
+            let fill = left as f64 / want as f64;
+            if best.is_none_or(|(_, f)| fill < f) {
+                best = Some((id, fill));
+            }
+        }
+        let id = best?.0.clone();
+        let p = self.campaigns.get_mut(&id)?.parked.pop_front()?;
+        if let Some(n) = self.parked_per_partition.get_mut(&p.at.partition) {
+            *n = n.saturating_sub(1);
+        }
+        self.parked_bytes -= message_bytes(&p.message);
+        Some((id, p))
+    }
+
+    /// Drops every job of revoked partitions: their next owner reads them again.
+    pub fn forget_partitions(&mut self, partitions: &[i32]) {
+        self.held_at.retain(|(p, _), _| !partitions.contains(p));
+        for c in self.campaigns.values_mut() {
+            c.held.retain(|h| !partitions.contains(&h.at.partition));
+            c.parked.retain(|r| !partitions.contains(&r.at.partition));
+        }
+        self.parked_bytes = self
+            .campaigns
+            .values()
+            .flat_map(|c| c.parked.iter())
+            .map(|p| message_bytes(&p.message))
+            .sum();
+        self.campaigns
+            .retain(|_, c| !c.held.is_empty() || !c.parked.is_empty());
+        for p in partitions {
+            self.parked_per_partition.remove(p);
+        }
+    }
+
+    pub fn parked_in(&self, partition: i32) -> usize {
+        self.parked_per_partition
+            .get(&partition)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn parked_total(&self) -> usize {
+        self.parked_per_partition.values().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(partition: i32, offset: i64) -> JobRef {
+        JobRef { partition, offset }
+    }
+
+    /// `next_to_unpark`, reduced to (campaign, place).
+    fn next(b: &mut Backlog) -> Option<(Arc<str>, JobRef)> {
+        b.next_to_unpark(true).map(|(c, p)| (c, p.at))
+    }
+
+    #[test]
+    fn holds_one_lookahead_per_campaign_and_parks_the_rest_in_order() {
+        let mut b = Backlog::new(Duration::from_secs(10));
+        let slow: Arc<str> = Arc::from("slow");
+        let fast: Arc<str> = Arc::from("fast");
+        // slow: 10/s → 100 devices of lookahead; its first 500-device job covers it.
+        assert!(b.wants("slow"));
+        let cursor = Arc::new(AtomicU32::new(0));
+        b.hold(&slow, 10.0, at(0, 0), 500, cursor.clone());
+        assert!(!b.wants("slow"));
+        b.park(&slow, 10.0, at(0, 1), None);
+        b.park(&slow, 10.0, at(0, 3), None);
+        // Another campaign on the same partition is not blocked by it.
+        assert!(b.wants("fast"));
+        b.hold(&fast, 1000.0, at(0, 2), 500, Arc::new(AtomicU32::new(0)));
+        assert!(b.wants("fast"), "500 devices < 10 s at 1000/s");
+        assert_eq!(b.parked_in(0), 2);
+        assert_eq!(next(&mut b), None, "slow still has 500 waiting");
+        // The scheduler dispatched 450 of slow's 500: 50 left < 100 of lookahead.
+        cursor.store(450, Ordering::Relaxed);
+        assert_eq!(next(&mut b), Some((slow.clone(), at(0, 1))));
+        assert!(!b.wants("slow"), "a parked job is still ahead of new ones");
+        assert_eq!(next(&mut b), Some((slow.clone(), at(0, 3))));
+        assert_eq!(next(&mut b), None);
+        assert_eq!(b.parked_total(), 0);
+    }
+
+    #[test]
+    fn the_most_starved_campaign_is_unparked_first() {
+        let mut b = Backlog::new(Duration::from_secs(1));
+        let a: Arc<str> = Arc::from("a");
+        let c: Arc<str> = Arc::from("c");
+        b.hold(&a, 100.0, at(0, 0), 90, Arc::new(AtomicU32::new(0)));
+        b.park(&a, 100.0, at(0, 1), None);
+        b.hold(&c, 100.0, at(1, 0), 90, Arc::new(AtomicU32::new(80)));
+        b.park(&c, 100.0, at(1, 1), None);
+        assert_eq!(next(&mut b).unwrap().0, c, "10 left beats 90 left");
+        assert_eq!(next(&mut b).unwrap().0, a);
+    }
+
+    #[test]
+    fn finishing_and_revoking_release_their_jobs() {
+        let mut b = Backlog::new(Duration::from_secs(10));
+        let a: Arc<str> = Arc::from("a");
+        b.hold(&a, 1.0, at(0, 0), 50, Arc::new(AtomicU32::new(0)));
+        b.park(&a, 1.0, at(0, 1), None);
+        b.park(&a, 1.0, at(1, 0), None);
+        b.finished(0, 0);
+        assert_eq!(next(&mut b), Some((a.clone(), at(0, 1))));
+        b.unpark_failed(&a, at(0, 1));
+        assert_eq!(b.parked_in(0), 1);
+        b.forget_partitions(&[0]);
+        assert_eq!(b.parked_in(0), 0);
+        assert_eq!(next(&mut b), Some((a.clone(), at(1, 0))));
+    }
+
+    #[test]
+    fn parked_bytes_follow_the_messages_kept_in_memory() {
+        use rdkafka::message::Timestamp;
+        let mut b = Backlog::new(Duration::from_secs(1));
+        let a: Arc<str> = Arc::from("a");
+        let msg = |payload: &[u8]| {
+            OwnedMessage::new(
+                Some(payload.to_vec()),
+                Some(b"a".to_vec()),
+                "t".into(),
+                Timestamp::NotAvailable,
+                0,
+                1,
+                None,
+            )
+        };
+        b.hold(&a, 1.0, at(0, 0), 1, Arc::new(AtomicU32::new(1)));
+        b.park(&a, 1.0, at(0, 1), Some(msg(&[0; 99])));
+        b.park(&a, 1.0, at(0, 2), None);
+        b.park(&a, 1.0, at(1, 0), Some(msg(&[0; 9])));
+        assert_eq!(b.parked_bytes(), 100 + 10, "payload and key bytes");
+        let (_, p) = b.next_to_unpark(true).unwrap();
+        assert_eq!(p.at, at(0, 1));
+        assert!(p.message.is_some());
+        assert_eq!(b.parked_bytes(), 10);
+        b.forget_partitions(&[1]);
+        assert_eq!(b.parked_bytes(), 0);
+        // One campaign holding the whole budget: its newest messages become offsets.
+        for o in 10..20 {
+            b.park(&a, 1.0, at(0, o), Some(msg(&[0; 99])));
+        }
+        assert_eq!(b.parked_bytes(), 1000);
+        assert_eq!(b.evict_hog(2000), 0, "under the budget");
+        assert_eq!(b.evict_hog(1000), 3, "down to 750 bytes");
+        assert_eq!(b.parked_bytes(), 700);
+        let (_, p) = b.next_to_unpark(true).unwrap();
+        assert!(p.message.is_none(), "an offset-only job is re-read");
+    }
+
+    #[test]
+    fn past_the_memory_bound_a_campaign_still_gets_its_second_job() {
+        let mut b = Backlog::new(Duration::from_secs(10));
+        let a: Arc<str> = Arc::from("a");
+        assert!(b.guaranteed("a"), "a first job always");
+        let first = Arc::new(AtomicU32::new(0));
+        b.hold(&a, 200.0, at(0, 0), 2000, first.clone());
+        b.park(&a, 200.0, at(0, 1), None);
+        b.park(&a, 200.0, at(0, 2), None);
+        // Below its lookahead (2,000 devices) after one send: it wants its next job,
+        // and gets it with no room left, being down to one job with work.
+        first.store(1, Ordering::Relaxed);
+        assert!(b.guaranteed("a"));
+        assert_eq!(next_tight(&mut b), Some(at(0, 1)));
+        // Two jobs with work left: past the bound, nothing more...
+        let second = Arc::new(AtomicU32::new(0));
+        b.hold(&a, 200.0, at(0, 1), 2000, second.clone());
+        assert!(!b.guaranteed("a"));
+        assert_eq!(next_tight(&mut b), None);
+        // ...until the first is fully dispatched (it still counts until it finishes) and
+        // the second is below the lookahead.
+        first.store(2000, Ordering::Relaxed);
+        second.store(1, Ordering::Relaxed);
+        assert_eq!(next_tight(&mut b), Some(at(0, 2)));
+    }
+
+    fn next_tight(b: &mut Backlog) -> Option<JobRef> {
+        b.next_to_unpark(false).map(|(_, p)| p.at)
+    }
+
+    #[test]
+    fn a_campaign_low_with_nothing_parked_is_starving_in_its_partition() {
+        let mut b = Backlog::new(Duration::from_secs(1));
+        let a: Arc<str> = Arc::from("a");
+        let cursor = Arc::new(AtomicU32::new(0));
+        b.hold(&a, 100.0, at(3, 0), 150, cursor.clone());
+        assert!(!b.starving_in(3), "150 devices ≥ 1 s at 100/s");
+        cursor.store(60, Ordering::Relaxed);
+        assert!(
+            b.starving_in(3),
+            "90 left < 100 of lookahead, nothing parked"
+        );
+        assert!(!b.starving_in(2), "its jobs come from partition 3");
+        b.park(&a, 100.0, at(3, 1), None);
+        assert!(!b.starving_in(3), "its next job is parked already");
+    }
+
+    #[test]
+    fn a_rate_change_moves_the_lookahead() {
+        let mut b = Backlog::new(Duration::from_secs(10));
+        let a: Arc<str> = Arc::from("a");
+        b.hold(&a, 10.0, at(0, 0), 500, Arc::new(AtomicU32::new(0)));
+        assert!(!b.wants("a"));
+        b.set_rate("a", 100.0);
+        assert!(b.wants("a"), "500 < 10 s at 100/s");
+    }
+}
