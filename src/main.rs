@@ -1,6 +1,5 @@
 //! The `pushpace` command line: parses flags, loads settings and dispatches.
 
-
 // glibc malloc was about 17% of the worker's CPU per HTTP send in the profile (see
 // docs/BENCHMARKS.md, end to end); mimalloc's thread-local free lists cut that.
 #[global_allocator]

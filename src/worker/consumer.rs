@@ -15,6 +15,10 @@
 //! parked too), and a partition whose parked jobs exceed its share of `max_parked_jobs`
 //! is paused until they fall below half.
 //!
+//! A job's stored-progress and invalid-token lookups run as tasks on the runtime while
+//! the thread reads on; jobs reach the scheduler in arrival order once theirs are back
+//! (see [`Pending`]), so a database round trip per job does not cap consumption.
+//!
 //! It runs on a plain thread so that the rebalance callback may block (bounded) while
 //! the scheduler drains the revoked partitions' in-flight sends.
 
@@ -35,12 +39,13 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use sqlx::PgPool;
-use std::collections::HashMap;
-use std::sync::atomic::AtomicU32;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 /// Gauges the consumer publishes (for metrics and tests).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -85,6 +90,22 @@ pub struct ConsumerParams {
     pub hygiene_reload: Duration,
 }
 
+/// Lookups in flight at most: enough to cover a database round trip at the broker's
+/// read rate (about 1,000 jobs/s × 1 ms), small enough that a slow database soon holds
+/// consumption back instead of piling jobs up.
+const MAX_PENDING: usize = 32;
+
+/// A job accepted for the scheduler whose lookups are still running.
+struct Pending {
+    job: Arc<Job>,
+    settings: CampaignSettings,
+    partition: i32,
+    offset: i64,
+    dispatched: Arc<AtomicU32>,
+    /// Devices already done (stored progress), and those whose tokens are recorded invalid.
+    lookups: tokio::task::JoinHandle<(u32, Vec<u32>)>,
+}
+
 #[derive(Default)]
 struct PartitionLoad {
     jobs: usize,
@@ -107,6 +128,8 @@ struct State {
     stats: ConsumerStats,
     hygiene: Option<Arc<TokenHygiene>>,
     backlog: Backlog,
+    /// Jobs waiting for their lookups, in arrival order.
+    pending: VecDeque<Pending>,
 }
 
 impl State {
@@ -273,6 +296,16 @@ impl ConsumerContext for Ctx {
         };
         let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
         tracing::info!(?partitions, "partitions revoked; draining them");
+        // Not handed over yet: their next owner reads them again.
+        if let Ok(mut s) = self.state.lock() {
+            s.pending.retain(|p| {
+                let keep = !partitions.contains(&p.partition);
+                if !keep {
+                    p.lookups.abort();
+                }
+                keep
+            });
+        }
         let state = self.state.clone();
         let rt = state.lock().map(|s| s.runtime.clone());
         let Ok(rt) = rt else { return };
@@ -304,10 +337,16 @@ impl ConsumerContext for Ctx {
         s.finishing.retain(|(p, ..)| !partitions.contains(p));
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
             tracing::info!(?partitions, "partitions assigned");
+            // librdkafka keeps a partition's pause across revoke and re-assign, but the
+            // revoke forgot our paused flag: without this a partition paused before a
+            // rebalance would never be read again.
+            if let Err(e) = consumer.resume(tpl) {
+                tracing::warn!(error = %e, "cannot resume the assigned partitions");
+            }
         }
     }
 }
@@ -349,6 +388,7 @@ pub fn spawn(
         stats: ConsumerStats::default(),
         hygiene: hygiene.clone(),
         backlog: Backlog::new(lookahead),
+        pending: VecDeque::new(),
     }));
     let flush_for_loop = flush_now.clone();
     let ctx = Ctx {
@@ -429,7 +469,7 @@ struct Loop {
     /// No re-read before this instant (backoff after a failed one).
     unpark_after: Instant,
     stats: tokio::sync::watch::Sender<ConsumerStats>,
-    db_down: std::cell::Cell<bool>,
+    db_down: Arc<AtomicBool>,
     flush_now: FlushNow,
     hygiene: Option<Arc<TokenHygiene>>,
 }
@@ -442,14 +482,6 @@ impl Loop {
                 tracing::warn!(error = %e, "invalid-token reload failed; retried at the next interval");
             }
         }
-    }
-
-    /// The devices of `job` whose tokens are recorded invalid (one query at most).
-    fn invalid_devices(&self, job: &Job) -> Vec<u32> {
-        let Some(h) = &self.hygiene else {
-            return Vec::new();
-        };
-        self.retry_db("invalid-token lookup", || h.invalid_among(&job.devices))
     }
 
     fn with_state<R>(&self, f: impl FnOnce(&mut State, &BaseConsumer<Ctx>) -> R) -> R {
@@ -465,7 +497,14 @@ impl Loop {
         self.unpark_due();
         self.adjust_pauses();
         self.publish_stats();
-        let polled = self.consumer.poll(Duration::from_millis(50));
+        self.forward_looked_up(false);
+        // Lookups come back within milliseconds: do not sleep 50 ms on them.
+        let wait = if self.with_state(|s, _| s.pending.is_empty()) {
+            Duration::from_millis(50)
+        } else {
+            Duration::from_millis(1)
+        };
+        let polled = self.consumer.poll(wait);
         match polled {
             None => {}
             Some(Err(e)) => {
@@ -705,12 +744,11 @@ impl Loop {
         }
     }
 
-    /// Hands a job to the scheduler, with its stored progress and invalid tokens.
+    /// Accepts a job for the scheduler: it counts against the bounds now, and reaches the
+    /// scheduler once its stored progress and invalid tokens are looked up.
     fn hand_over(&self, job: Job, settings: CampaignSettings, partition: i32, offset: i64) {
-        let already_done = self.already_done(&job);
-        let skip_invalid = self.invalid_devices(&job);
         let devices = job.devices.len();
-        let dispatched = Arc::new(AtomicU32::new(already_done));
+        let dispatched = Arc::new(AtomicU32::new(0));
         self.with_state(|s, _| {
             let l = s.load.entry(partition).or_default();
             l.jobs += 1;
@@ -723,18 +761,72 @@ impl Loop {
                 dispatched.clone(),
             );
         });
-        let incoming = IncomingJob {
-            job: Arc::new(job),
-            partition,
-            offset,
-            already_done,
-            settings,
-            skip_invalid,
-            dispatched,
-        };
-        // Blocks when the scheduler's queue is full: a natural brake on consumption.
-        if self.control.blocking_send(Control::Job(incoming)).is_err() {
-            tracing::warn!("scheduler is gone; job left for re-delivery");
+        let job = Arc::new(job);
+        let lookups = self.runtime.spawn(
+            lookups(
+                self.pool.clone(),
+                self.hygiene.clone(),
+                job.clone(),
+                self.db_down.clone(),
+            )
+            .instrument(tracing::Span::current()),
+        );
+        let full = self.with_state(|s, _| {
+            s.pending.push_back(Pending {
+                job,
+                settings,
+                partition,
+                offset,
+                dispatched,
+                lookups,
+            });
+            s.pending.len() >= MAX_PENDING
+        });
+        if full {
+            self.forward_looked_up(true);
+        }
+    }
+
+    /// Hands the jobs whose lookups are back to the scheduler, oldest first; with `wait`,
+    /// waits for the oldest one first.
+    fn forward_looked_up(&self, mut wait: bool) {
+        loop {
+            let next = self.with_state(|s, _| {
+                let ready = s
+                    .pending
+                    .front()
+                    .is_some_and(|p| wait || p.lookups.is_finished());
+                if ready {
+                    s.pending.pop_front()
+                } else {
+                    None
+                }
+            });
+            let Some(p) = next else { return };
+            wait = false;
+            let (already_done, skip_invalid) = match self.runtime.block_on(p.lookups) {
+                Ok(found) => found,
+                // Only a panic gets here (revoked jobs are removed before aborting):
+                // sending in full may duplicate, but loses nothing.
+                Err(e) => {
+                    tracing::error!(error = %e, job_id = %p.job.job_id, "job lookups failed; sending the job in full");
+                    (0, Vec::new())
+                }
+            };
+            p.dispatched.store(already_done, Ordering::Relaxed);
+            let incoming = IncomingJob {
+                job: p.job,
+                partition: p.partition,
+                offset: p.offset,
+                already_done,
+                settings: p.settings,
+                skip_invalid,
+                dispatched: p.dispatched,
+            };
+            // Blocks when the scheduler's queue is full: a natural brake on consumption.
+            if self.control.blocking_send(Control::Job(incoming)).is_err() {
+                tracing::warn!("scheduler is gone; job left for re-delivery");
+            }
         }
     }
 
@@ -767,24 +859,6 @@ impl Loop {
         settings
     }
 
-    fn already_done(&self, job: &Job) -> u32 {
-        let pool = self.pool.clone();
-        let id = job.job_id.clone();
-        let found = self.retry_db("progress lookup", || {
-            let pool = pool.clone();
-            let id = id.clone();
-            async move { progress::lookup(&pool, &id).await }
-        });
-        match found {
-            Some(p) if p.campaign_id == job.campaign_id => p.devices_done,
-            Some(p) => {
-                tracing::warn!(job_id = %job.job_id, stored_campaign = %p.campaign_id, "job_id reused by another campaign; sending it in full");
-                0
-            }
-            None => 0,
-        }
-    }
-
     /// Runs a database call until it succeeds: the job waits, it is never dropped.
     fn retry_db<T, E, F, Fut>(&self, what: &str, mut f: F) -> T
     where
@@ -796,13 +870,13 @@ impl Loop {
         loop {
             match self.runtime.block_on(f()) {
                 Ok(v) => {
-                    if self.db_down.replace(false) {
+                    if self.db_down.swap(false, Ordering::Relaxed) {
                         tracing::info!("database reachable again");
                     }
                     return v;
                 }
                 Err(e) => {
-                    if !self.db_down.replace(true) {
+                    if !self.db_down.swap(true, Ordering::Relaxed) {
                         tracing::warn!(error = %e, what, "database call failed; retrying with backoff");
                     }
                     std::thread::sleep(backoff);
@@ -834,6 +908,66 @@ impl Loop {
         });
         self.publish_stats();
         tracing::info!("consumer stopped; offsets committed");
+    }
+}
+
+/// A job's lookups: how many devices its stored progress has done (0 for a job_id
+/// stored by another campaign), and which of its tokens are recorded invalid. Retried
+/// until the database answers: the job waits, it is never dropped.
+async fn lookups(
+    pool: PgPool,
+    hygiene: Option<Arc<TokenHygiene>>,
+    job: Arc<Job>,
+    db_down: Arc<AtomicBool>,
+) -> (u32, Vec<u32>) {
+    let found = retry_async("progress lookup", &db_down, || {
+        progress::lookup(&pool, &job.job_id)
+    })
+    .await;
+    let already_done = match found {
+        Some(p) if p.campaign_id == job.campaign_id => p.devices_done,
+        Some(p) => {
+            tracing::warn!(job_id = %job.job_id, stored_campaign = %p.campaign_id, "job_id reused by another campaign; sending it in full");
+            0
+        }
+        None => 0,
+    };
+    let invalid = match &hygiene {
+        Some(h) => {
+            retry_async("invalid-token lookup", &db_down, || {
+                h.invalid_among(&job.devices)
+            })
+            .await
+        }
+        None => Vec::new(),
+    };
+    (already_done, invalid)
+}
+
+/// Runs a database call until it succeeds, logging the first failure and the recovery.
+async fn retry_async<'a, T, E, F, Fut>(what: &str, db_down: &AtomicBool, mut f: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut + 'a,
+    Fut: std::future::Future<Output = Result<T, E>> + 'a,
+{
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match f().await {
+            Ok(v) => {
+                if db_down.swap(false, Ordering::Relaxed) {
+                    tracing::info!("database reachable again");
+                }
+                return v;
+            }
+            Err(e) => {
+                if !db_down.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, what, "database call failed; retrying with backoff");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
     }
 }
 

@@ -672,6 +672,83 @@ async fn a_partition_pauses_when_its_parked_jobs_pass_their_share() {
     );
 }
 
+/// librdkafka keeps a partition paused across a rebalance (revoke, then assign again),
+/// while the worker forgets its revoked partitions: a partition paused before a rebalance
+/// must still be read after it. Found when a worker left a three-worker group and the
+/// other two never got back to the rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_paused_before_a_rebalance_is_read_again_after_it() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(2).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let slow = unique_name("slow").replace('_', "-");
+    produce_to_partition(&topic, 0, &slow, 5, 0..300, 10).await;
+    let group = unique_name("g");
+    let settings = test_settings(&[
+        ("kafka.brokers", brokers()),
+        ("kafka.topic", topic.clone()),
+        ("kafka.group_id", group.clone()),
+        ("database.url", db_url),
+        ("sender.url", sink.url()),
+        ("worker.max_parked_jobs", "100".into()),
+    ]);
+    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
+    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .unwrap();
+    let paused = |w: &Worker| w.consumer_stats.borrow().paused_partitions == vec![0];
+    let end = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < end && !paused(&worker) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        paused(&worker),
+        "partition 0 was paused before the rebalance"
+    );
+
+    // A second member joins the group and leaves: two rebalances, each revoking and
+    // re-assigning the worker's partitions.
+    let mut kafka = settings.kafka.clone();
+    kafka.group_id = group;
+    let member: BaseConsumer = pushpace::broker::consumer_config(&kafka, &brokers())
+        .create()
+        .unwrap();
+    member.subscribe(&[&topic]).unwrap();
+    let end = Instant::now() + Duration::from_secs(60);
+    while member.assignment().map_or(0, |a| a.count()) == 0 && Instant::now() < end {
+        let _ = member.poll(Duration::from_millis(100));
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        member.assignment().map_or(0, |a| a.count()) > 0,
+        "the second member joined the group"
+    );
+    member.unsubscribe();
+    drop(member);
+
+    // Back with both partitions, the worker reads partition 0 again: its backlog is
+    // re-read, parked and paused anew (without the resume, nothing is read and no
+    // partition shows as paused).
+    let mut back_paused = false;
+    let end = Instant::now() + Duration::from_secs(60);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    while Instant::now() < end {
+        let cs = worker.consumer_stats.borrow().clone();
+        if cs.paused_partitions == vec![0] && cs.parked_jobs >= 50 {
+            back_paused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cs = worker.consumer_stats.borrow().clone();
+    worker.shutdown().await.unwrap();
+    assert!(
+        back_paused,
+        "partition 0 was read again after the rebalance: {cs:?}"
+    );
+}
+
 /// A job whose payload makes the message `size` bytes long.
 fn oversized(size: usize) -> Vec<u8> {
     let mut v =
