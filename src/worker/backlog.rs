@@ -118,9 +118,9 @@ impl Backlog {
 
     /// Whether `campaign` may take a job even past the worker-wide memory bound: its
     /// first, or its next one while fewer than two of its held jobs have work left. A
-    /// held job counts against the bound until its progress is durable (up to a flush
-    /// after its last send), so without this a campaign would idle at every job boundary
-    /// whenever the bound is full. The bound is thus soft by at most two jobs per campaign.
+    /// held job counts against the bound until its last send is answered, so without
+    /// this a campaign would idle at every job boundary whenever the bound is full. The
+    /// bound is thus soft by at most two jobs per campaign.
     pub fn guaranteed(&self, campaign: &str) -> bool {
         self.campaigns
             .get(campaign)

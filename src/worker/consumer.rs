@@ -120,7 +120,7 @@ struct State {
     tracker: OffsetTracker,
     load: HashMap<i32, PartitionLoad>,
     /// Finished jobs whose progress is not durable yet.
-    finishing: Vec<(i32, i64, usize, JobProgressHandle)>,
+    finishing: Vec<(i32, i64, JobProgressHandle)>,
     events: std::sync::mpsc::Receiver<Event>,
     scheduler_gone: bool,
     pool: PgPool,
@@ -144,8 +144,13 @@ impl State {
                     progress,
                 }) => {
                     self.backlog.finished(partition, offset);
-                    self.finishing
-                        .push((partition, offset, devices as usize, progress));
+                    // Its memory is freed now; only its offset waits for durability.
+                    // Counting it until the next flush would cap throughput at the
+                    // buffer bound per flush interval.
+                    let l = self.load.entry(partition).or_default();
+                    l.jobs = l.jobs.saturating_sub(1);
+                    l.devices = l.devices.saturating_sub(devices as usize);
+                    self.finishing.push((partition, offset, progress));
                 }
                 Ok(Event::DeadLetter {
                     campaign_id,
@@ -185,12 +190,9 @@ impl State {
         }
         let mut i = 0;
         while i < self.finishing.len() {
-            if self.finishing[i].3.is_durably_complete() {
-                let (p, o, devices, _) = self.finishing.swap_remove(i);
+            if self.finishing[i].2.is_durably_complete() {
+                let (p, o, _) = self.finishing.swap_remove(i);
                 self.tracker.finished(p, o);
-                let l = self.load.entry(p).or_default();
-                l.jobs = l.jobs.saturating_sub(1);
-                l.devices = l.devices.saturating_sub(devices);
             } else {
                 i += 1;
             }
