@@ -309,6 +309,25 @@ fn summary(_: &mut Criterion) {
         &mut || ns_per_call(OPS, || sink(refusing.try_acquire(clock.now()))),
         &mut || ns_per_call(OPS, || sink(gov_refusing.check().is_ok())),
     );
+    // The floor of the design the issue prescribes (one clock read, one atomic
+    // read-modify-write when passing), with nothing else: the cheapest clock (quanta's raw
+    // TSC) and one uncontended `fetch_add`. No GCRA can cost less than this, so its ratio
+    // to governor bounds what any such limiter can reach on this machine.
+    let word = std::sync::atomic::AtomicU64::new(0);
+    pair(
+        "floor: raw TSC + fetch_add vs governor_direct_check",
+        &mut || {
+            ns_per_call(OPS, || {
+                sink(word.fetch_add(q.raw() & 1, std::sync::atomic::Ordering::Relaxed))
+            })
+        },
+        &mut || ns_per_call(OPS, || sink(gov.check().is_ok())),
+    );
+    pair(
+        "floor: raw TSC alone vs governor_direct_check",
+        &mut || ns_per_call(OPS, || sink(q.raw())),
+        &mut || ns_per_call(OPS, || sink(gov.check().is_ok())),
+    );
     let gov2 = Arc::new(governor_direct());
     let gcra2 = Arc::new(Gcra::new(rate(), BURST));
     pair(
@@ -316,6 +335,26 @@ fn summary(_: &mut Criterion) {
         &mut || {
             let (g, c) = (Arc::clone(&gcra2), clock.clone());
             contended(OPS, move || g.try_acquire(c.now()).is_allowed()).as_nanos() as f64
+                / OPS as f64
+        },
+        &mut || {
+            let g = Arc::clone(&gov2);
+            contended(OPS, move || g.check().is_ok()).as_nanos() as f64 / OPS as f64
+        },
+    );
+    // The 2-thread floor: two threads each reading the raw TSC and adding to one shared
+    // word (the cache line moves between the cores on every call, as it must for any
+    // shared limiter).
+    let word2 = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let q2 = q.clone();
+    pair(
+        "2 threads floor: raw TSC + fetch_add vs governor",
+        &mut || {
+            let (w, q) = (Arc::clone(&word2), q2.clone());
+            contended(OPS, move || {
+                w.fetch_add(q.raw() & 1, std::sync::atomic::Ordering::Relaxed) != u64::MAX
+            })
+            .as_nanos() as f64
                 / OPS as f64
         },
         &mut || {

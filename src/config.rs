@@ -85,13 +85,15 @@ impl Default for HygieneSettings {
     }
 }
 
-/// `capping.scope`: where the exact stage of the frequency cap lives.
+/// `capping.scope`: where the frequency cap decides, and what it guarantees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CappingScope {
-    /// Per worker (built).
+    /// Per worker, in the scheduler: over the cap always skipped, under it skipped one
+    /// send early with probability about 4e-6 (see `crate::capping`).
     Local,
-    /// Shared through Redis (not built yet: refused at start-up).
+    /// Shared by all workers through Redis (`[redis]` url, key_prefix), decided per job
+    /// at intake: exact in both directions (see `crate::capping::shared`).
     Redis,
 }
 
@@ -104,7 +106,7 @@ pub struct CappingSettings {
     pub max_per_device: u32,
     /// The window, in seconds.
     pub window: u64,
-    /// Distinct devices expected per window: sizes the sketches.
+    /// Distinct devices expected per window: sizes the sketches (local scope only).
     pub expected_devices: u64,
     pub scope: CappingScope,
 }
@@ -243,12 +245,47 @@ pub struct LimiterSettings {
 }
 
 /// `limiter.scope`: `local` (each worker applies the full rate) or `redis` (the workers
-/// of a consumer group share it; see `crate::distributed`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// of a consumer group share it; see `crate::distributed`). The default for every
+/// campaign; a campaign's own `limiter_scope` (stored, set through the API) wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LimiterScope {
     Local,
     Redis,
+}
+
+impl LimiterScope {
+    pub const ALL: [LimiterScope; 2] = [LimiterScope::Local, LimiterScope::Redis];
+
+    /// The name used in config, the API and the `campaigns.limiter_scope` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimiterScope::Local => "local",
+            LimiterScope::Redis => "redis",
+        }
+    }
+}
+
+impl std::fmt::Display for LimiterScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A limiter scope name that pushpace does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown limiter scope {0:?}; expected local or redis")]
+pub struct UnknownScope(pub String);
+
+impl std::str::FromStr for LimiterScope {
+    type Err = UnknownScope;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        LimiterScope::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| UnknownScope(s.to_string()))
+    }
 }
 
 /// `redis.algorithm`: how the shared limit is kept in Redis.
@@ -565,12 +602,6 @@ impl Settings {
             if let Err(e) = c.cap_config().validate() {
                 return Err(invalid("capping", e.to_string()));
             }
-            if c.scope == CappingScope::Redis {
-                return Err(invalid(
-                    "capping.scope",
-                    "\"redis\" is not built yet; use \"local\"",
-                ));
-            }
         }
         let s = &self.sender;
         if s.kind == SenderKind::Http {
@@ -617,6 +648,14 @@ mod tests {
             move |k| lookup.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
             env.into_iter(),
         )
+    }
+
+    #[test]
+    fn limiter_scope_names_round_trip() {
+        for s in LimiterScope::ALL {
+            assert_eq!(s.as_str().parse::<LimiterScope>(), Ok(s));
+        }
+        assert!("global".parse::<LimiterScope>().is_err());
     }
 
     #[test]

@@ -120,6 +120,7 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
                 send_rate: Some(rate),
                 algorithm: Some(algorithm),
                 burst: Some(0),
+                limiter_scope: None,
             },
             &defaults,
         )

@@ -322,10 +322,26 @@ pub fn parse_patch(body: &[u8]) -> Result<CampaignPatch, ApiError> {
                 campaigns::validate_burst(burst)?;
                 patch.burst = Some(burst);
             }
+            "limiter_scope" => {
+                // null: back to the configured limiter.scope.
+                let scope = match &v {
+                    serde_json::Value::Null => None,
+                    serde_json::Value::String(name) => {
+                        Some(campaigns::validate_limiter_scope(name)?)
+                    }
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "limiter_scope",
+                            format!("must be \"local\", \"redis\" or null, got {v}"),
+                        ))
+                    }
+                };
+                patch.limiter_scope = Some(scope);
+            }
             other => {
                 return Err(ApiError::invalid(
                     other,
-                    "unknown field; expected send_rate, algorithm or burst",
+                    "unknown field; expected send_rate, algorithm, burst or limiter_scope",
                 ))
             }
         }
@@ -359,6 +375,7 @@ pub async fn put_campaign(
         send_rate = campaign.send_rate,
         algorithm = %campaign.algorithm,
         burst = campaign.burst,
+        limiter_scope = campaign.limiter_scope.map_or("default", |s| s.as_str()),
         created = !existed,
         "campaign changed through the API"
     );

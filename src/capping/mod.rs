@@ -1,7 +1,13 @@
 //! Per-device frequency capping: at most `max_per_device` sends per fixed `window`,
-//! across every campaign of the worker.
+//! across every campaign. Two scopes (`capping.scope`), with different guarantees:
 //!
-//! Two stages, so that the common case costs a few atomic loads and no allocation:
+//! | scope | where it decides | over the cap | under the cap | across workers |
+//! |---|---|---|---|---|
+//! | `local` | scheduler, at each send ([`FrequencyCap`]) | always skipped | sent, except one send early with probability ≈ 4e-6 | no: each worker caps alone |
+//! | `redis` | intake, per held job ([`shared::SharedCap`]) | always skipped | always sent | yes, exact |
+//!
+//! **`local`**: two stages in the scheduler, so that the common case costs a few atomic
+//! loads and no allocation:
 //!
 //! 1. [`count_min::WindowedSketch`]: an estimate that never underestimates. Below the
 //!    cap means certainly under it: send.
@@ -17,20 +23,29 @@
 //! is skipped one send early only if its very first send collided in every row of the
 //! sketch *and* was a false positive of the filter (sized by [`FIRST_SEND_BITS`]).
 //! No sublinear structure can tell "sent once" from "collided" exactly; the measured
-//! rate of that case is in docs/BENCHMARKS.md.
+//! rate of that case is in docs/BENCHMARKS.md. Windows are fixed (`now / window` of
+//! the worker's monotonic clock): a device may get `max_per_device` sends at the end of
+//! one window and as many at the start of the next. A job read again after a crash
+//! counts its re-sent devices again (the counts live in the process).
 //!
-//! Windows are fixed (`now / window`): a device may get `max_per_device` sends at the
-//! end of one window and as many at the start of the next.
+//! **`redis`**: exact in both directions and shared by all workers, at the cost of
+//! Redis memory (one small set per device and window) and one round trip per held job
+//! (per 1,000 devices), never one per send and never on the scheduler's path. Counts
+//! are per job reservation, idempotent under redelivery; a send that fails for good
+//! gives its reservation back. See [`shared`] for the keys, the window edges (counted
+//! at intake, up to `worker.lookahead_ms` before the send) and Redis outages (new jobs
+//! wait; nothing is sent uncapped or lost).
 
 pub mod count_min;
+pub mod shared;
 
 use crate::limiter::Nanos;
 use count_min::{WindowedSketch, DEFAULT_DEPTH};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
-/// Errors configuring a cap.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+/// Errors configuring a cap, and of the Redis-backed one.
+#[derive(Debug, thiserror::Error)]
 pub enum CapError {
     #[error("max_per_device must be 1–254, got {0}")]
     BadCap(u32),
@@ -38,6 +53,18 @@ pub enum CapError {
     BadWindow,
     #[error("expected_devices must be 1–1,000,000,000, got {0}")]
     BadDevices(u64),
+    #[error("redis.url: {0}")]
+    Url(#[source] redis::RedisError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis: not connected")]
+    NotConnected,
+    #[error("redis: no answer within {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("the cap script answered an unknown position {0}")]
+    BadAnswer(usize),
+    #[error("the Redis-backed cap needs a Tokio runtime")]
+    NoRuntime,
 }
 
 /// What to do with one device's send.

@@ -1,27 +1,36 @@
 //! Distributed mode: the workers of one consumer group share each campaign's send_rate
-//! through Redis (`limiter.scope = "redis"`).
+//! through Redis (`limiter.scope = "redis"`, the default for every campaign, or a
+//! campaign's own `limiter_scope`, which wins; see [`scope`]).
 //!
 //! The scheduler is synchronous, so Redis is never on its path. Each campaign's limiter
 //! is a [`LeasedLimiter`]: it spends permits from a local lease, and a background task
 //! per campaign refills the lease ahead of need with one atomic script call: about
-//! rate × `redis.lease_ms` / workers permits at a time (at least 1).
+//! rate × `redis.lease_ms` / workers permits at a time (at least 1). Redis keeps the
+//! global total; the campaign's own algorithm, run locally at the campaign's rate,
+//! shapes when the leased permits go (except the window-counting algorithms: see
+//! [`lease`]).
 //!
 //! - [`redis_gcra`]: the Lua GCRA; a lease is a run of exact slots of the campaign's
 //!   schedule, so the workers together keep one smooth schedule.
 //! - [`redis_sliding_window`]: Criteo's weighted two-window approximation, as a second
 //!   algorithm and a comparison.
 //! - [`lease`]: the lease-spending limiter and its refill task.
-//! - [`fallback`]: Redis unreachable: a local limiter at send_rate / workers, the number
-//!   of workers taken from the consumer group's membership or `limiter.workers_estimate`.
+//! - [`fallback`]: Redis unreachable: a local limiter of the campaign's algorithm at
+//!   send_rate / workers, the number of workers taken from the consumer group's
+//!   membership or `limiter.workers_estimate`.
+//! - [`scope`]: the scheduler's limiter factory, choosing local or leased limiters per
+//!   campaign.
 
 pub mod fallback;
 pub mod lease;
 pub mod redis_gcra;
 pub mod redis_sliding_window;
+pub mod scope;
 
 pub use crate::config::RedisAlgorithm;
 pub use fallback::Membership;
 pub use lease::LeasedLimiter;
+pub use scope::ScopedLimiters;
 
 use crate::config::Settings;
 use crate::limiter::{Algorithm, Clock, DynLimiter, Rate};
@@ -163,10 +172,16 @@ impl RedisLimiterFactory {
         fallback::watch_group(Arc::downgrade(&self.inner), bootstrap, group_id);
     }
 
-    /// A campaign limiter of `redis.algorithm` (the campaign's own `algorithm` applies in
-    /// local scope only).
-    pub fn limiter(&self, campaign: &str, rate: Rate, burst: u32) -> LeasedLimiter {
-        LeasedLimiter::start(Arc::clone(&self.inner), campaign, rate, burst)
+    /// A campaign limiter sharing `rate` through Redis (`redis.algorithm`), its leased
+    /// permits shaped by the campaign's own `algorithm` (see [`lease`]).
+    pub fn limiter(
+        &self,
+        campaign: &str,
+        algorithm: Algorithm,
+        rate: Rate,
+        burst: u32,
+    ) -> LeasedLimiter {
+        LeasedLimiter::start(Arc::clone(&self.inner), campaign, algorithm, rate, burst)
     }
 }
 
@@ -181,8 +196,8 @@ impl std::fmt::Debug for RedisLimiterFactory {
 }
 
 impl LimiterFactory for RedisLimiterFactory {
-    fn build(&self, campaign: &str, _algorithm: Algorithm, rate: Rate, burst: u32) -> DynLimiter {
-        Arc::new(self.limiter(campaign, rate, burst))
+    fn build(&self, campaign: &str, algorithm: Algorithm, rate: Rate, burst: u32) -> DynLimiter {
+        Arc::new(self.limiter(campaign, algorithm, rate, burst))
     }
 }
 
@@ -250,9 +265,36 @@ impl Inner {
 /// Makes the first connection, retrying until Redis answers; the connection manager
 /// reconnects by itself after that.
 async fn connect(inner: Weak<Inner>, client: redis::Client) {
+    connect_until_up(
+        inner,
+        client,
+        |i| i.config.connect_timeout,
+        |i, conn| {
+            *crate::limiter::lock(&i.conn) = Some(conn);
+            i.recovered();
+        },
+        |i, error, timeout| match error {
+            Some(e) => i.outage(&DistributedError::Redis(e)),
+            None => i.outage(&DistributedError::Timeout(timeout)),
+        },
+    )
+    .await;
+}
+
+/// Opens a [`ConnectionManager`] for the owner behind `owner`, retrying every 500 ms until
+/// Redis answers or the owner is dropped. `failed` gets the error, or `None` when the
+/// attempt timed out. Shared by the limiter leases and the frequency cap, which keep
+/// their own connection and outage state.
+pub(crate) async fn connect_until_up<T>(
+    owner: Weak<T>,
+    client: redis::Client,
+    timeout_of: impl Fn(&T) -> Duration,
+    connected: impl Fn(&T, ConnectionManager),
+    failed: impl Fn(&T, Option<redis::RedisError>, Duration),
+) {
     loop {
-        let Some(i) = inner.upgrade() else { return };
-        let timeout = i.config.connect_timeout;
+        let Some(o) = owner.upgrade() else { return };
+        let timeout = timeout_of(&o);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(timeout)
             .set_response_timeout(timeout)
@@ -264,15 +306,11 @@ async fn connect(inner: Weak<Inner>, client: redis::Client) {
         )
         .await
         {
-            Ok(Ok(conn)) => {
-                *crate::limiter::lock(&i.conn) = Some(conn);
-                i.recovered();
-                return;
-            }
-            Ok(Err(e)) => i.outage(&DistributedError::Redis(e)),
-            Err(_) => i.outage(&DistributedError::Timeout(timeout)),
+            Ok(Ok(conn)) => return connected(&o, conn),
+            Ok(Err(e)) => failed(&o, Some(e), timeout),
+            Err(_) => failed(&o, None, timeout),
         }
-        drop(i);
+        drop(o);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

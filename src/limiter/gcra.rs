@@ -3,10 +3,11 @@
 //! The whole mutable state is one `AtomicU64`: the theoretical arrival time (TAT), the
 //! instant at which the limiter would be back to its smooth schedule, in the fixed point of
 //! [`Rate::interval_fp`] (ns × 2^8) so that even 10 M/s (100 ns per send) keeps its rate
-//! to within 0.002%. A decision is one relaxed load; a refusal stops there, a pass is one
-//! compare-and-swap (retried only if another thread passed in between). There is no lock
-//! and no division on the hot path: the interval is precomputed, the tolerance is one
-//! multiplication.
+//! to within 0.002%. A decision is one relaxed load; a refusal stops there. A pass while
+//! the limiter is busy (TAT ahead of now) is one `fetch_add` of the interval, which never
+//! retries under contention; a pass from idle is one compare-and-swap (TAT jumps to now).
+//! There is no lock and no division on the hot path: the interval is precomputed, the
+//! tolerance is one multiplication.
 //!
 //! Rule, with interval `T` and tolerance `τ = burst × T`: a permit passes at `now` when
 //! `TAT ≤ now + τ`, and then `TAT = max(TAT, now) + T`. So after an idle spell
@@ -15,7 +16,10 @@
 //! pass is one atomic step on the same word.
 //!
 //! Trade-offs: exact and smooth, O(1) memory, the cheapest decision of all the
-//! algorithms, and `WaitUntil` is exact to the nanosecond. It cannot "catch up" after a
+//! algorithms, and `WaitUntil` is exact to the nanosecond. When three or more threads
+//! race for the last slot, a loser may be unable to hand its slot back (someone took a
+//! later one): that slot goes unused, so heavy contention at the limit can under-admit
+//! slightly, never over-admit. It cannot "catch up" after a
 //! stall beyond its burst, which is the point. A clock more than 2^56 ns (2.3 years)
 //! past its origin saturates; [`MonotonicClock`](super::MonotonicClock) starts at 0.
 //!
@@ -94,6 +98,29 @@ impl RateLimiter for Gcra {
         let now_fp = to_fp(now);
         let limit = now_fp.saturating_add(tau);
         let mut tat = self.tat.load(Relaxed);
+        if tat > limit {
+            return Decision::WaitUntil(ceil_ns(tat - tau));
+        }
+        if tat >= now_fp {
+            // Busy (the schedule runs ahead of now): the next slot starts at TAT whoever
+            // takes it, so take it with one fetch_add, which never retries under
+            // contention as a compare-and-swap does. It passes on GCRA's own rule:
+            // the slot [prev, prev + T) starts within [now, now + τ].
+            let prev = self.tat.fetch_add(t, Relaxed);
+            if prev >= now_fp && prev <= limit {
+                return Decision::Allow;
+            }
+            // Give the slot back only if nobody took a later one; otherwise it stays
+            // used, which can only under-admit, never over-admit.
+            let _ = self
+                .tat
+                .compare_exchange(prev.saturating_add(t), prev, Relaxed, Relaxed);
+            if prev > limit {
+                return Decision::WaitUntil(ceil_ns(prev - tau));
+            }
+            // TAT fell behind now meanwhile (a slot given back): decide from idle below.
+            tat = self.tat.load(Relaxed);
+        }
         loop {
             if tat > limit {
                 return Decision::WaitUntil(ceil_ns(tat - tau));

@@ -6,6 +6,7 @@
 //! violations are mapped to the same field by [`StoreError`]'s `From<sqlx::Error>`.
 
 use super::StoreError;
+use crate::config::LimiterScope;
 use crate::limiter::{Algorithm, Rate};
 use chrono::{DateTime, Duration, Utc};
 use sqlx::PgPool;
@@ -66,6 +67,9 @@ pub struct Campaign {
     pub algorithm: Algorithm,
     pub burst: u32,
     pub status: CampaignStatus,
+    /// Where its rate is enforced; `None`: the worker's configured `limiter.scope`.
+    #[serde(default)]
+    pub limiter_scope: Option<LimiterScope>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -104,6 +108,19 @@ pub struct CampaignPatch {
     pub send_rate: Option<f64>,
     pub algorithm: Option<Algorithm>,
     pub burst: Option<i64>,
+    /// `None`: keep; `Some(None)`: back to the configured default; `Some(Some(s))`: set.
+    #[serde(default, deserialize_with = "present")]
+    pub limiter_scope: Option<Option<LimiterScope>>,
+}
+
+/// A field that is present, even as `null`, is `Some` (serde maps a missing one to the
+/// `#[serde(default)]`, `None`), so that "set to null" and "leave alone" differ.
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    <Option<T> as serde::Deserialize>::deserialize(d).map(Some)
 }
 
 /// A campaign with its delivery totals, for the API's list.
@@ -135,6 +152,12 @@ pub fn validate_send_rate(send_rate: f64) -> Result<Rate, StoreError> {
     Rate::per_second(send_rate).map_err(|e| StoreError::invalid("send_rate", e.to_string()))
 }
 
+/// Checks a limiter scope name; `null` (the configured default) is handled by the caller.
+pub fn validate_limiter_scope(name: &str) -> Result<LimiterScope, StoreError> {
+    name.parse::<LimiterScope>()
+        .map_err(|e| StoreError::invalid("limiter_scope", e.to_string()))
+}
+
 /// Checks a burst: 0 to i32::MAX (the column is an `integer`).
 pub fn validate_burst(burst: i64) -> Result<i32, StoreError> {
     if burst < 0 {
@@ -151,7 +174,8 @@ pub fn validate_burst(burst: i64) -> Result<i32, StoreError> {
     })
 }
 
-const COLUMNS: &str = "id, send_rate, algorithm, burst, status, created_at, updated_at";
+const COLUMNS: &str =
+    "id, send_rate, algorithm, burst, status, limiter_scope, created_at, updated_at";
 
 #[derive(sqlx::FromRow)]
 struct CampaignRow {
@@ -160,6 +184,7 @@ struct CampaignRow {
     algorithm: String,
     burst: i32,
     status: String,
+    limiter_scope: Option<String>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -182,12 +207,19 @@ impl TryFrom<CampaignRow> for Campaign {
             .map_err(|e| corrupt(format!("campaign {:?}: {e}", row.id)))?;
         let burst = u32::try_from(row.burst)
             .map_err(|_| corrupt(format!("campaign {:?}: burst {}", row.id, row.burst)))?;
+        let limiter_scope = row
+            .limiter_scope
+            .as_deref()
+            .map(str::parse::<LimiterScope>)
+            .transpose()
+            .map_err(|e| corrupt(format!("campaign {:?}: {e}", row.id)))?;
         Ok(Campaign {
             id: row.id,
             send_rate: row.send_rate,
             algorithm,
             burst,
             status,
+            limiter_scope,
             created_at: row.created_at,
             updated_at: row.updated_at,
         })
@@ -247,13 +279,18 @@ pub async fn put(
         .map(Rate::as_f64);
     let burst = patch.burst.map(validate_burst).transpose()?;
     let algorithm = patch.algorithm.map(Algorithm::as_str);
+    // NULL is a value of limiter_scope (the configured default), so COALESCE cannot
+    // tell "set to NULL" from "keep": $8 says whether the patch names the field.
+    let set_scope = patch.limiter_scope.is_some();
+    let scope = patch.limiter_scope.flatten().map(LimiterScope::as_str);
     let row: CampaignRow = sqlx::query_as(&format!(
-        "INSERT INTO campaigns (id, send_rate, algorithm, burst) \
-         VALUES ($1, COALESCE($2, $5), COALESCE($3, $6), COALESCE($4, $7)) \
+        "INSERT INTO campaigns (id, send_rate, algorithm, burst, limiter_scope) \
+         VALUES ($1, COALESCE($2, $5), COALESCE($3, $6), COALESCE($4, $7), $9) \
          ON CONFLICT (id) DO UPDATE SET \
              send_rate = COALESCE($2, campaigns.send_rate), \
              algorithm = COALESCE($3, campaigns.algorithm), \
-             burst = COALESCE($4, campaigns.burst) \
+             burst = COALESCE($4, campaigns.burst), \
+             limiter_scope = CASE WHEN $8 THEN $9 ELSE campaigns.limiter_scope END \
          RETURNING {COLUMNS}"
     ))
     .bind(id)
@@ -263,6 +300,8 @@ pub async fn put(
     .bind(defaults.send_rate.as_f64())
     .bind(defaults.algorithm.as_str())
     .bind(validate_burst(i64::from(defaults.burst))?)
+    .bind(set_scope)
+    .bind(scope)
     .fetch_one(pool)
     .await?;
     row.try_into()
@@ -320,7 +359,8 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSumma
     let end = truncate_to_second(now);
     let start = end - Duration::seconds(10);
     let rows: Vec<SummaryRow> = sqlx::query_as(
-        "SELECT c.id, c.send_rate, c.algorithm, c.burst, c.status, c.created_at, c.updated_at, \
+        "SELECT c.id, c.send_rate, c.algorithm, c.burst, c.status, c.limiter_scope, \
+                c.created_at, c.updated_at, \
                 COALESCE(t.sent, 0)::int8 AS sent, \
                 COALESCE(t.failed, 0)::int8 AS failed, \
                 COALESCE(t.retried, 0)::int8 AS retried, \
@@ -377,6 +417,24 @@ mod tests {
         assert_eq!(validate_burst(-1).unwrap_err().field(), Some("burst"));
         assert_eq!(validate_burst(1 << 40).unwrap_err().field(), Some("burst"));
         assert_eq!(validate_burst(5).ok(), Some(5));
+        assert_eq!(
+            validate_limiter_scope("global").unwrap_err().field(),
+            Some("limiter_scope")
+        );
+        assert_eq!(
+            validate_limiter_scope("redis").ok(),
+            Some(LimiterScope::Redis)
+        );
+    }
+
+    #[test]
+    fn a_patch_tells_null_from_missing() {
+        let p: CampaignPatch = serde_json::from_str(r#"{"limiter_scope": null}"#).unwrap();
+        assert_eq!(p.limiter_scope, Some(None));
+        let p: CampaignPatch = serde_json::from_str(r#"{"limiter_scope": "redis"}"#).unwrap();
+        assert_eq!(p.limiter_scope, Some(Some(LimiterScope::Redis)));
+        let p: CampaignPatch = serde_json::from_str(r#"{"burst": 2}"#).unwrap();
+        assert_eq!(p.limiter_scope, None);
     }
 
     #[test]

@@ -88,6 +88,11 @@ const CONSTRAINT_FIELDS: &[(&str, &str, &str)] = &[
     ),
     ("campaigns_burst_non_negative", "burst", "must be 0 or more"),
     (
+        "campaigns_limiter_scope_known",
+        "limiter_scope",
+        "must be local, redis or null (the configured default)",
+    ),
+    (
         "campaigns_status_known",
         "status",
         "must be one of active, paused, done",

@@ -26,6 +26,7 @@ use super::backlog::{Backlog, JobRef};
 use super::offsets::OffsetTracker;
 use super::refetch::Refetcher;
 use super::scheduler::{CampaignSettings, Control, Event, IncomingJob, SchedulerStats};
+use crate::capping::shared::SharedCap;
 use crate::config::KafkaSettings;
 use crate::hygiene::TokenHygiene;
 use crate::job::{self, Job};
@@ -88,6 +89,9 @@ pub struct ConsumerParams {
     pub hygiene: Option<Arc<TokenHygiene>>,
     /// How often the hygiene filter re-reads rows other workers added.
     pub hygiene_reload: Duration,
+    /// The frequency cap shared through Redis (`capping.scope = "redis"`): decided per
+    /// job with its lookups; reservations of failed sends released.
+    pub shared_cap: Option<SharedCap>,
 }
 
 /// Lookups in flight at most: enough to cover a database round trip at the broker's
@@ -102,8 +106,18 @@ struct Pending {
     partition: i32,
     offset: i64,
     dispatched: Arc<AtomicU32>,
-    /// Devices already done (stored progress), and those whose tokens are recorded invalid.
-    lookups: tokio::task::JoinHandle<(u32, Vec<u32>)>,
+    lookups: tokio::task::JoinHandle<Lookups>,
+}
+
+/// What a job's lookups found.
+#[derive(Debug, Default)]
+struct Lookups {
+    /// Devices already done (stored progress).
+    already_done: u32,
+    /// Devices whose tokens are recorded invalid.
+    invalid: Vec<u32>,
+    /// Devices at the shared frequency cap.
+    capped: Vec<u32>,
 }
 
 #[derive(Default)]
@@ -119,6 +133,9 @@ struct State {
     topic: String,
     tracker: OffsetTracker,
     load: HashMap<i32, PartitionLoad>,
+    /// The partitions assigned to this member, kept from the rebalance callbacks: asking
+    /// librdkafka (`assignment()`) is a round trip to its main thread, too slow per message.
+    assigned: std::collections::BTreeSet<i32>,
     /// Finished jobs whose progress is not durable yet.
     finishing: Vec<(i32, i64, JobProgressHandle)>,
     events: std::sync::mpsc::Receiver<Event>,
@@ -127,6 +144,7 @@ struct State {
     runtime: Handle,
     stats: ConsumerStats,
     hygiene: Option<Arc<TokenHygiene>>,
+    shared_cap: Option<SharedCap>,
     backlog: Backlog,
     /// Jobs waiting for their lookups, in arrival order.
     pending: VecDeque<Pending>,
@@ -157,10 +175,14 @@ impl State {
                     job_id,
                     partition,
                     offset,
+                    device,
                     device_token,
                     reason,
                     kind,
                 }) => {
+                    if let Some(cap) = &self.shared_cap {
+                        cap.release(&campaign_id, &job_id, device, &device_token);
+                    }
                     let letter = DeadLetter {
                         kind,
                         topic: &self.topic,
@@ -334,6 +356,7 @@ impl ConsumerContext for Ctx {
         for p in &partitions {
             s.tracker.forget(*p);
             s.load.remove(p);
+            s.assigned.remove(p);
         }
         s.backlog.forget_partitions(&partitions);
         s.finishing.retain(|(p, ..)| !partitions.contains(p));
@@ -343,6 +366,9 @@ impl ConsumerContext for Ctx {
         if let Rebalance::Assign(tpl) = rebalance {
             let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
             tracing::info!(?partitions, "partitions assigned");
+            if let Ok(mut s) = self.state.lock() {
+                s.assigned.extend(partitions.iter().copied());
+            }
             // librdkafka keeps a partition's pause across revoke and re-assign, but the
             // revoke forgot our paused flag: without this a partition paused before a
             // rebalance would never be read again.
@@ -377,11 +403,13 @@ pub fn spawn(
         runtime,
         hygiene,
         hygiene_reload,
+        shared_cap,
     } = params;
     let state = Arc::new(Mutex::new(State {
         topic: kafka.topic.clone(),
         tracker: OffsetTracker::default(),
         load: HashMap::new(),
+        assigned: Default::default(),
         finishing: Vec::new(),
         events,
         scheduler_gone: false,
@@ -389,6 +417,7 @@ pub fn spawn(
         runtime: runtime.clone(),
         stats: ConsumerStats::default(),
         hygiene: hygiene.clone(),
+        shared_cap: shared_cap.clone(),
         backlog: Backlog::new(lookahead),
         pending: VecDeque::new(),
     }));
@@ -433,6 +462,7 @@ pub fn spawn(
                 db_down: Default::default(),
                 flush_now: flush_for_loop,
                 hygiene,
+                shared_cap,
             };
             let mut last_commit = Instant::now();
             let mut last_reload = Instant::now();
@@ -474,6 +504,7 @@ struct Loop {
     db_down: Arc<AtomicBool>,
     flush_now: FlushNow,
     hygiene: Option<Arc<TokenHygiene>>,
+    shared_cap: Option<SharedCap>,
 }
 
 impl Loop {
@@ -600,10 +631,7 @@ impl Loop {
     /// starves: reading ahead is then driven by need, and parked jobs stay in memory
     /// instead of being re-read from Kafka one by one.
     fn adjust_pauses(&mut self) {
-        let n = self
-            .with_state(|s, _| s.load.len())
-            .max(self.consumer.assignment().map(|a| a.count()).unwrap_or(1))
-            .max(1);
+        let n = self.with_state(|s, _| s.load.len().max(s.assigned.len()).max(1));
         let share = (self.max_parked / n).max(1);
         let max_bytes = self.max_parked_bytes;
         let topic = self.topic.clone();
@@ -616,13 +644,17 @@ impl Loop {
             for (p, l) in s.load.iter_mut() {
                 let parked = s.backlog.parked_in(*p);
                 let starving = s.backlog.starving_in(*p);
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition(&topic, *p);
+                // Built only to pause or resume: a partition list is two C allocations.
+                let tpl = || {
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition(&topic, *p);
+                    tpl
+                };
                 let too_many = parked >= share;
                 // A zero budget keeps nothing in memory: only offsets, no memory pause.
                 let memory_full = max_bytes > 0 && bytes >= max_bytes && !starving;
                 if (too_many || memory_full) && !l.paused {
-                    if c.pause(&tpl).is_ok() {
+                    if c.pause(&tpl()).is_ok() {
                         l.paused = true;
                         tracing::debug!(
                             partition = p,
@@ -634,7 +666,7 @@ impl Loop {
                 } else if l.paused
                     && parked <= share / 2
                     && (bytes <= max_bytes / 4 * 3 || starving)
-                    && c.resume(&tpl).is_ok()
+                    && c.resume(&tpl()).is_ok()
                 {
                     l.paused = false;
                     tracing::debug!(partition = p, "partition resumed");
@@ -768,6 +800,7 @@ impl Loop {
             lookups(
                 self.pool.clone(),
                 self.hygiene.clone(),
+                self.shared_cap.clone(),
                 job.clone(),
                 self.db_down.clone(),
             )
@@ -806,15 +839,16 @@ impl Loop {
             });
             let Some(p) = next else { return };
             wait = false;
-            let (already_done, skip_invalid) = match self.runtime.block_on(p.lookups) {
+            let found = match self.runtime.block_on(p.lookups) {
                 Ok(found) => found,
                 // Only a panic gets here (revoked jobs are removed before aborting):
                 // sending in full may duplicate, but loses nothing.
                 Err(e) => {
                     tracing::error!(error = %e, job_id = %p.job.job_id, "job lookups failed; sending the job in full");
-                    (0, Vec::new())
+                    Lookups::default()
                 }
             };
+            let already_done = found.already_done;
             p.dispatched.store(already_done, Ordering::Relaxed);
             let incoming = IncomingJob {
                 job: p.job,
@@ -822,7 +856,8 @@ impl Loop {
                 offset: p.offset,
                 already_done,
                 settings: p.settings,
-                skip_invalid,
+                skip_invalid: found.invalid,
+                skip_capped: found.capped,
                 dispatched: p.dispatched,
             };
             // Blocks when the scheduler's queue is full: a natural brake on consumption.
@@ -851,6 +886,7 @@ impl Loop {
             algorithm: stored.algorithm,
             burst: stored.burst,
             paused: stored.status == CampaignStatus::Paused,
+            limiter_scope: stored.limiter_scope,
         };
         // Only the first job's lookup is cached; later changes arrive from the watcher.
         let mut known = self.known.borrow_mut();
@@ -914,14 +950,16 @@ impl Loop {
 }
 
 /// A job's lookups: how many devices its stored progress has done (0 for a job_id
-/// stored by another campaign), and which of its tokens are recorded invalid. Retried
-/// until the database answers: the job waits, it is never dropped.
+/// stored by another campaign), which of its tokens are recorded invalid, and, with a
+/// shared cap, which of the others are at the cap (the rest get a reservation).
+/// Retried until the database and Redis answer: the job waits, it is never dropped.
 async fn lookups(
     pool: PgPool,
     hygiene: Option<Arc<TokenHygiene>>,
+    shared_cap: Option<SharedCap>,
     job: Arc<Job>,
     db_down: Arc<AtomicBool>,
-) -> (u32, Vec<u32>) {
+) -> Lookups {
     let found = retry_async("progress lookup", &db_down, || {
         progress::lookup(&pool, &job.job_id)
     })
@@ -943,7 +981,24 @@ async fn lookups(
         }
         None => Vec::new(),
     };
-    (already_done, invalid)
+    let capped = match &shared_cap {
+        Some(cap) => {
+            cap.reserve(
+                &job.campaign_id,
+                &job.job_id,
+                &job.devices,
+                already_done,
+                &invalid,
+            )
+            .await
+        }
+        None => Vec::new(),
+    };
+    Lookups {
+        already_done,
+        invalid,
+        capped,
+    }
 }
 
 /// Runs a database call until it succeeds, logging the first failure and the recovery.

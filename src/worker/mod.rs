@@ -15,7 +15,7 @@ pub mod offsets;
 pub mod refetch;
 pub mod scheduler;
 
-use crate::config::{LimiterScope, SenderKind, Settings};
+use crate::config::{CappingScope, SenderKind, Settings};
 use crate::limiter::{Clock, MonotonicClock};
 use crate::sender::{AnySender, HttpSender, HttpSenderConfig, NullSender};
 use crate::shutdown::ShutdownController;
@@ -80,6 +80,7 @@ pub fn to_settings(c: &Campaign, fallback: &CampaignDefaults) -> CampaignSetting
         algorithm: c.algorithm,
         burst: c.burst,
         paused: c.status == CampaignStatus::Paused,
+        limiter_scope: c.limiter_scope,
     }
 }
 
@@ -99,6 +100,8 @@ pub struct Worker {
     pub control: mpsc::Sender<Control>,
     /// Token hygiene, when `hygiene.enabled` (its filter and counters).
     pub hygiene: Option<Arc<crate::hygiene::TokenHygiene>>,
+    /// The frequency cap shared through Redis, when `capping.scope = "redis"`.
+    pub shared_cap: Option<crate::capping::shared::SharedCap>,
 }
 
 impl Worker {
@@ -158,18 +161,14 @@ impl Worker {
         let (sched_stats_tx, scheduler_stats) = watch::channel(SchedulerStats::default());
         let (consumer_stats_tx, consumer_stats) = watch::channel(ConsumerStats::default());
 
-        // limiter.scope: whole rates per process, or shared through Redis leases.
-        let limiters: Arc<dyn scheduler::LimiterFactory> = match settings.limiter.scope {
-            LimiterScope::Local => Arc::new(scheduler::LocalLimiters),
-            LimiterScope::Redis => {
-                let f = crate::distributed::RedisLimiterFactory::new(
-                    crate::distributed::RedisConfig::from_settings(settings),
-                    Arc::clone(&clock),
-                )?;
-                f.watch_group(&bootstrap, &settings.kafka.group_id);
-                Arc::new(f)
-            }
-        };
+        // limiter.scope (or a campaign's own limiter_scope): whole rates per process, or
+        // shared through Redis leases.
+        let limiters: Arc<dyn scheduler::LimiterFactory> =
+            Arc::new(crate::distributed::ScopedLimiters::new(
+                settings,
+                Arc::clone(&clock),
+                Some((bootstrap.clone(), settings.kafka.group_id.clone())),
+            )?);
         let mut scheduler = Scheduler::new(
             SchedulerConfig {
                 max_active_campaigns: w.max_active_campaigns,
@@ -188,10 +187,18 @@ impl Worker {
             completions_tx,
             events_tx,
         );
-        if settings.capping.enabled {
-            let cap = crate::capping::FrequencyCap::new(settings.capping.cap_config())?;
-            scheduler.set_capping(Some(cap));
-        }
+        // capping.scope: local decides in the scheduler at each send; redis at intake.
+        let shared_cap = match (settings.capping.enabled, settings.capping.scope) {
+            (false, _) => None,
+            (true, CappingScope::Local) => {
+                let cap = crate::capping::FrequencyCap::new(settings.capping.cap_config())?;
+                scheduler.set_capping(Some(cap));
+                None
+            }
+            (true, CappingScope::Redis) => Some(crate::capping::shared::SharedCap::new(
+                crate::capping::shared::SharedCapConfig::from_settings(settings),
+            )?),
+        };
         let hygiene = if settings.hygiene.enabled {
             let h = crate::hygiene::TokenHygiene::start(
                 pool.clone(),
@@ -248,6 +255,7 @@ impl Worker {
                 runtime: tokio::runtime::Handle::current(),
                 hygiene: hygiene.clone(),
                 hygiene_reload: Duration::from_millis(settings.hygiene.reload_ms),
+                shared_cap: shared_cap.clone(),
             },
             shutdown.subscribe(),
         )?;
@@ -265,6 +273,7 @@ impl Worker {
             consumer_stats,
             control: control_tx,
             hygiene,
+            shared_cap,
         })
     }
 

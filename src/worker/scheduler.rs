@@ -21,6 +21,7 @@
 //! never turns into a burst larger than `rate × quantum_min`.
 
 use crate::capping::{CapDecision, FrequencyCap};
+use crate::config::LimiterScope;
 use crate::job::Job;
 use crate::limiter::hierarchical::HierarchicalLimiter;
 use crate::limiter::{self, Algorithm, Clock, DynLimiter, Nanos, Rate, NANOS_PER_SEC};
@@ -38,6 +39,19 @@ use tokio::sync::{mpsc, oneshot};
 /// distributed mode plugs in a factory whose limiters share a rate across workers.
 pub trait LimiterFactory: Send + Sync {
     fn build(&self, campaign: &str, algorithm: Algorithm, rate: Rate, burst: u32) -> DynLimiter;
+
+    /// A limiter for a campaign with its own `limiter_scope` (`None`: the configured
+    /// default). Factories that know only one scope ignore it.
+    fn build_scoped(
+        &self,
+        campaign: &str,
+        algorithm: Algorithm,
+        _scope: Option<LimiterScope>,
+        rate: Rate,
+        burst: u32,
+    ) -> DynLimiter {
+        self.build(campaign, algorithm, rate, burst)
+    }
 }
 
 /// In-process limiters from [`limiter::build`].
@@ -92,6 +106,8 @@ pub struct CampaignSettings {
     pub algorithm: Algorithm,
     pub burst: u32,
     pub paused: bool,
+    /// The campaign's own limiter scope; `None`: the configured default.
+    pub limiter_scope: Option<LimiterScope>,
 }
 
 /// A job handed over by the consumer.
@@ -106,6 +122,9 @@ pub struct IncomingJob {
     /// Device indexes (ascending) whose tokens are recorded invalid: marked done without
     /// a send or a permit, counted as `skipped_invalid`.
     pub skip_invalid: Vec<u32>,
+    /// Device indexes (ascending) refused by the shared frequency cap at intake
+    /// (`capping.scope = "redis"`): marked done without a send, counted as `capped`.
+    pub skip_capped: Vec<u32>,
     /// The job's send cursor (devices before it were dispatched), kept here for the
     /// consumer's lookahead.
     pub dispatched: Arc<AtomicU32>,
@@ -141,6 +160,8 @@ pub enum Event {
         job_id: String,
         partition: i32,
         offset: i64,
+        /// The device's index in the job (a shared cap releases its reservation).
+        device: u32,
         device_token: String,
         reason: String,
         kind: DeadLetterKind,
@@ -394,13 +415,19 @@ impl Scheduler {
             // Under a global cap the burst lives in the soft burst bucket only, so that
             // it uses capacity other campaigns leave unused (the own limiter gets none).
             Some(g) => {
-                let own = self.config.limiters.build(&s.id, s.algorithm, rate, 0);
+                let own =
+                    self.config
+                        .limiters
+                        .build_scoped(&s.id, s.algorithm, s.limiter_scope, rate, 0);
                 Arc::new(g.campaign_with(own, s.burst))
             }
-            None => self
-                .config
-                .limiters
-                .build(&s.id, s.algorithm, rate, s.burst),
+            None => self.config.limiters.build_scoped(
+                &s.id,
+                s.algorithm,
+                s.limiter_scope,
+                rate,
+                s.burst,
+            ),
         }
     }
 
@@ -415,7 +442,9 @@ impl Scheduler {
             let c = self.campaigns[slot as usize]
                 .as_ref()
                 .expect("indexed campaign");
-            c.settings.algorithm != s.algorithm || c.settings.burst != s.burst
+            c.settings.algorithm != s.algorithm
+                || c.settings.burst != s.burst
+                || c.settings.limiter_scope != s.limiter_scope
         };
         let effective = self.campaigns[slot as usize]
             .as_ref()
@@ -484,6 +513,7 @@ impl Scheduler {
             already_done,
             settings,
             skip_invalid,
+            skip_capped,
             dispatched,
         } = incoming;
         self.now_hint = self.now_hint.max(now);
@@ -519,25 +549,33 @@ impl Scheduler {
         for i in 0..already_done {
             active.mark_done(i);
         }
-        let mut skipped = 0u32;
-        for &i in skip_invalid
-            .iter()
-            .filter(|&&i| i >= already_done && i < total)
-        {
-            if !active.is_done(i) {
-                active.mark_done(i);
-                active.done_ahead += 1;
-                skipped += 1;
+        let mut skip = |list: &[u32]| {
+            let mut skipped = 0u32;
+            for &i in list.iter().filter(|&&i| i >= already_done && i < total) {
+                if !active.is_done(i) {
+                    active.mark_done(i);
+                    active.done_ahead += 1;
+                    skipped += 1;
+                }
+            }
+            skipped
+        };
+        let skipped = skip(&skip_invalid);
+        let capped = skip(&skip_capped);
+        for (n, outcome) in [
+            (skipped, Outcome::SkippedInvalid),
+            (capped, Outcome::Capped),
+        ] {
+            if n > 0 {
+                if let Some(c) = self.campaigns[cslot as usize].as_ref() {
+                    c.counter.record(unix_now(), outcome, n);
+                }
             }
         }
-        if skipped > 0 {
-            if let Some(c) = self.campaigns[cslot as usize].as_ref() {
-                c.counter
-                    .record(unix_now(), Outcome::SkippedInvalid, skipped);
-            }
-            self.counters.skipped_invalid += u64::from(skipped);
-            self.skipped_total.increment(u64::from(skipped));
-        }
+        self.counters.skipped_invalid += u64::from(skipped);
+        self.skipped_total.increment(u64::from(skipped));
+        self.counters.capped += u64::from(capped);
+        self.capped_total.increment(u64::from(capped));
         if active.done_count == total {
             // Finished in an earlier run: nothing to send.
             let _ = self.events.send(Event::JobFinished {
@@ -967,6 +1005,7 @@ impl Scheduler {
             job_id: job.job.job_id.clone(),
             partition: job.partition,
             offset: job.offset,
+            device,
             device_token: job.job.devices[device as usize].clone(),
             reason,
             kind: DeadLetterKind::Undeliverable,

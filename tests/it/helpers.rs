@@ -291,3 +291,23 @@ impl Drop for Proxy {
         self.task.abort();
     }
 }
+
+/// How many requests for `token` reached the sink.
+pub fn requests_for(sink: &pushpace::sink::SinkHandle, token: &str) -> usize {
+    sink.arrivals()
+        .iter()
+        .filter(|a| a.device_token == token)
+        .count()
+}
+
+/// Polls `done` every 100 ms; fails the test after `limit`.
+pub async fn wait_for(what: &str, limit: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + limit;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -1,7 +1,9 @@
 //! Token hygiene and frequency capping: the cap's decisions against an exact model
 //! (virtual clock), and gone tokens against real PostgreSQL, the broker and the sink.
 
-use crate::helpers::{brokers, fresh_database, fresh_topic, test_settings, unique_name};
+use crate::helpers::{
+    brokers, fresh_database, fresh_topic, requests_for, test_settings, unique_name, wait_for,
+};
 use proptest::prelude::*;
 use pushpace::capping::{CapConfig, CapDecision, FrequencyCap};
 use pushpace::hygiene::{bloom_key, token_hash, BloomFilter};
@@ -144,21 +146,6 @@ async fn worker(sink: &SinkHandle, db_url: &str, topic: &str, pool: &PgPool) -> 
     Worker::start(&settings, pool.clone(), brokers(), sender)
         .await
         .expect("start worker")
-}
-
-fn requests_for(sink: &SinkHandle, token: &str) -> usize {
-    sink.arrivals()
-        .iter()
-        .filter(|a| a.device_token == token)
-        .count()
-}
-
-async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn skipped(pool: &PgPool, campaign: &str) -> i64 {

@@ -3,6 +3,7 @@
 mod api;
 mod broker;
 mod browser;
+mod capping;
 mod cli;
 mod distributed;
 mod helpers;

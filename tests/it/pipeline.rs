@@ -84,6 +84,17 @@ impl Run {
     }
 }
 
+/// Arrivals at the sink, not sends, are what the window check counts: a request held up
+/// in transit and arriving with later ones squeezes more than a second of sends into
+/// one. On the 2-core machine, with worker, sink and broker sharing it, this test ran 13
+/// times on 2026-11-23 before this allowance (7 at that day's code, 2 failed; 6 at the
+/// commit before, 2 failed); the worst windows were 106 at 100/s, 512 at 500/s and
+/// 2,046 at 2,000/s: up to about 40 ms of the rate (where in the run was not recorded;
+/// new connections opening at the start are a guess). gcra with burst 0 itself never
+/// passes more than one permit per interval (the limiter properties in
+/// tests/it/limiter.rs).
+const ARRIVAL_JITTER_S: f64 = 0.04;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_five_campaigns_delivered_once_and_recorded() {
     let _serial = pacing_lock().await;
@@ -109,8 +120,14 @@ async fn paced_five_campaigns_delivered_once_and_recorded() {
     for (c, (rate, devices)) in run.plan.campaigns.iter().zip(rates) {
         let s = run.sink.campaign(&c.id).expect("campaign reached the sink");
         let max_1s = run.sink.max_in_window(&c.id, Duration::from_secs(1));
-        // burst is 0; +1 covers two arrivals whose spacing the network shortened.
-        let bound = (rate * 1.02).floor() as u64 + 1;
+        // burst is 0; +1 covers two arrivals whose spacing the network shortened, and
+        // ARRIVAL_JITTER_S the sends whose requests were held up in transit and then
+        // arrived together (see the constant).
+        let bound = (rate * 1.02).floor() as u64 + 1 + (rate * ARRIVAL_JITTER_S).ceil() as u64;
+        eprintln!(
+            "{}: rate {rate}/s, largest 1 s window at the sink {max_1s} (bound {bound})",
+            c.id
+        );
         assert!(
             max_1s <= bound,
             "{}: {max_1s} in a 1 s window > {bound}",
@@ -665,9 +682,12 @@ async fn a_partition_pauses_when_its_parked_jobs_pass_their_share() {
     worker.shutdown().await.unwrap();
     assert!(saw_paused, "partition 0 was paused");
     // Messages already fetched when the pause lands are parked too; librdkafka
-    // prefetches, so allow one fetch batch of these small jobs beyond the share.
+    // prefetches, so allow one fetch batch of these small jobs beyond the share. Below
+    // it: the slow campaign may run low (its first jobs are still being looked up) in
+    // the very step its partition reaches the share, and unpark a job or two before the
+    // stats are published, so the count seen can be a little under 50.
     assert!(
-        (50..300).contains(&max_parked),
+        (45..300).contains(&max_parked),
         "parked jobs stayed bounded near the share of 50: {max_parked}"
     );
 }

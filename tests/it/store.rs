@@ -196,6 +196,7 @@ async fn a_job_creates_its_campaign_and_stored_values_win_afterwards() {
             send_rate: Some(7.5),
             algorithm: Some(Algorithm::LeakyBucket),
             burst: Some(10),
+            limiter_scope: None,
         },
         &defaults,
     )
