@@ -74,4 +74,22 @@ psql "$DB" -tA -F' ' -c "
          max(sent), min(send_rate)
   from s where second > first_s and second < last_s" |
   awk '{printf "campaign-seconds (first and last of each campaign excluded): %s; |sent-rate|/rate p50 %s, p99 %s, max %s; largest second %s at rate %s\n", $1, $2, $3, $4, $5, $6}'
+# Seconds where most campaigns were off together point at the process (or the machine),
+# not at one campaign's jobs; the scheduler logs a warning when it wakes late.
+psql "$DB" -tA -F' ' -c "
+  with s as (
+    select d.campaign_id, d.second, d.sent, c.send_rate,
+           min(d.second) over (partition by d.campaign_id) as first_s,
+           max(d.second) over (partition by d.campaign_id) as last_s
+    from delivery_seconds d join campaigns c on c.id = d.campaign_id),
+  off as (
+    select second, count(*) as campaigns, min(sent) as lowest, max(send_rate) as rate
+    from s where second > first_s and second < last_s
+      and abs(sent - send_rate) / send_rate > 0.01
+    group by second)
+  select extract(epoch from second - (select min(second) from s))::int, campaigns, lowest, rate
+  from off where campaigns >= $((CAMPAIGNS / 2)) order by second" |
+  awk 'BEGIN {n = 0} {n++; printf "  process-wide off second at +%ss: %s campaigns off, lowest %s of %s\n", $1, $2, $3, $4} END {printf "process-wide off seconds: %d\n", n}'
+echo "scheduler late-wake warnings: $(grep -c 'woke late' "$LOG" || true)"
+grep 'woke late' "$LOG" | head -20 || true
 echo "total devices $TOTAL; log $LOG; RSS samples $RSS"

@@ -58,6 +58,10 @@ pub fn consumer_config(settings: &KafkaSettings, bootstrap: &str) -> ClientConfi
             "max.poll.interval.ms",
             (settings.session_timeout_ms * 2).max(10_000).to_string(),
         )
+        .set(
+            "partition.assignment.strategy",
+            settings.assignment_strategy.as_str(),
+        )
         .set("enable.partition.eof", "false");
     c
 }

@@ -149,6 +149,30 @@ impl IsolationLevel {
     }
 }
 
+/// How the consumer group spreads partitions (librdkafka's
+/// `partition.assignment.strategy`). Every member of a group must use the same kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AssignmentStrategy {
+    /// Eager: every rebalance revokes every member's partitions, then assigns them all.
+    Range,
+    /// Eager, round-robin over the members.
+    RoundRobin,
+    /// Incremental: a rebalance revokes only the partitions that move, so the members
+    /// that keep theirs go on sending through it.
+    CooperativeSticky,
+}
+
+impl AssignmentStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AssignmentStrategy::Range => "range",
+            AssignmentStrategy::RoundRobin => "roundrobin",
+            AssignmentStrategy::CooperativeSticky => "cooperative-sticky",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSettings {
@@ -161,6 +185,7 @@ pub struct KafkaSettings {
     pub isolation_level: IsolationLevel,
     pub commit_interval_ms: u64,
     pub session_timeout_ms: u64,
+    pub assignment_strategy: AssignmentStrategy,
 }
 
 impl KafkaSettings {

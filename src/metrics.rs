@@ -107,6 +107,11 @@ fn describe() {
         "active_campaigns",
         "Campaigns holding a slot in the scheduler"
     );
+    describe_histogram!(
+        "scheduler_wake_lateness_seconds",
+        Unit::Seconds,
+        "How late the scheduler woke for a timed round (a stalled process shows here)"
+    );
     describe_gauge!("buffered_jobs", "Jobs consumed and not yet finished");
     describe_gauge!(
         "buffered_devices",

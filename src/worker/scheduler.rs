@@ -1125,6 +1125,10 @@ fn unix_now() -> u64 {
 // clones at most 100 campaigns' counters.
 const STATS_EVERY: Duration = Duration::from_millis(100);
 
+/// A timed wake-up this late costs every campaign about 5% of a second's sends: worth a
+/// warning (at most one per 10 s), since only the process or the machine can cause it.
+const LATE_WARNING: Duration = Duration::from_millis(50);
+
 /// Drives a [`Scheduler`] until `control` closes (the consumer is gone) and every
 /// in-flight send has finished, or until the drain deadline after shutdown.
 pub async fn run(
@@ -1139,6 +1143,7 @@ pub async fn run(
     let mut drain_deadline: Option<tokio::time::Instant> = None;
     let mut control_open = true;
     let mut published = tokio::time::Instant::now();
+    let mut last_late_warning: Option<tokio::time::Instant> = None;
     loop {
         let now = time.now();
         let sec = unix_now();
@@ -1183,7 +1188,15 @@ pub async fn run(
                     }
                 }
             },
-            _ = tokio::time::sleep_until(wake_at) => {}
+            _ = tokio::time::sleep_until(wake_at) => {
+                let late = tokio::time::Instant::now().saturating_duration_since(wake_at);
+                metrics::histogram!("scheduler_wake_lateness_seconds").record(late.as_secs_f64());
+                let quiet = last_late_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+                if late >= LATE_WARNING && quiet {
+                    tracing::warn!(late_ms = late.as_millis() as u64, "the scheduler woke late: every campaign sends less this second");
+                    last_late_warning = Some(tokio::time::Instant::now());
+                }
+            }
         }
     }
     let _ = stats_out.send(scheduler.stats());

@@ -2,7 +2,7 @@
 //! after its committed offsets, across a broker restart, with nothing missing.
 
 use crate::helpers::{unique_name, TansuBroker};
-use pushpace::config::{IsolationLevel, KafkaSettings};
+use pushpace::config::{AssignmentStrategy, IsolationLevel, KafkaSettings};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -19,6 +19,7 @@ fn kafka_settings(group: &str) -> KafkaSettings {
         isolation_level: IsolationLevel::ReadUncommitted,
         commit_interval_ms: 1000,
         session_timeout_ms: 10000,
+        assignment_strategy: AssignmentStrategy::CooperativeSticky,
     }
 }
 
@@ -126,4 +127,100 @@ fn embedded_broker_starts_and_answers_metadata() {
     )
     .unwrap();
     assert_eq!(n, 3);
+}
+
+/// Records each rebalance's partitions: (assigned?, partitions).
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<(bool, Vec<i32>)>>);
+
+impl rdkafka::ClientContext for Recorder {}
+
+impl rdkafka::consumer::ConsumerContext for Recorder {
+    fn post_rebalance(
+        &self,
+        _: &rdkafka::consumer::BaseConsumer<Self>,
+        rebalance: &rdkafka::consumer::Rebalance<'_>,
+    ) {
+        use rdkafka::consumer::Rebalance;
+        let (assigned, tpl) = match rebalance {
+            Rebalance::Assign(tpl) => (true, tpl),
+            Rebalance::Revoke(tpl) => (false, tpl),
+            Rebalance::Error(_) => return,
+        };
+        let parts = tpl.elements().iter().map(|e| e.partition()).collect();
+        self.0.lock().unwrap().push((assigned, parts));
+    }
+}
+
+/// The default `kafka.assignment_strategy` (cooperative-sticky) against the real broker:
+/// when a second member joins, the first gives up only the partitions that move and
+/// keeps reading the others through the rebalance (an eager rebalance revokes them all).
+#[test]
+fn a_joining_member_takes_only_the_partitions_that_move() {
+    use rdkafka::consumer::{BaseConsumer, RebalanceProtocol};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let topic = rt.block_on(crate::helpers::fresh_topic(4));
+    let bootstrap = crate::helpers::brokers();
+    let settings = crate::helpers::test_settings(&[]).kafka;
+    assert_eq!(
+        settings.assignment_strategy,
+        AssignmentStrategy::CooperativeSticky
+    );
+    let settings = KafkaSettings {
+        group_id: unique_name("coop"),
+        ..settings
+    };
+    let member = || -> BaseConsumer<Recorder> {
+        let c: BaseConsumer<Recorder> = pushpace::broker::consumer_config(&settings, &bootstrap)
+            .create_with_context(Recorder::default())
+            .unwrap();
+        c.subscribe(&[&topic]).unwrap();
+        c
+    };
+    let owned = |c: &BaseConsumer<Recorder>| -> BTreeSet<i32> {
+        c.assignment()
+            .unwrap()
+            .elements()
+            .iter()
+            .map(|e| e.partition())
+            .collect()
+    };
+    let poll_until = |members: &[&BaseConsumer<Recorder>], done: &dyn Fn() -> bool| {
+        let end = std::time::Instant::now() + Duration::from_secs(60);
+        while !done() && std::time::Instant::now() < end {
+            for m in members {
+                let _ = m.poll(Duration::from_millis(50));
+            }
+        }
+        assert!(done(), "the group did not settle within 60 s");
+    };
+
+    let first = member();
+    poll_until(&[&first], &|| owned(&first).len() == 4);
+    assert!(matches!(
+        first.rebalance_protocol(),
+        RebalanceProtocol::Cooperative
+    ));
+    let second = member();
+    poll_until(&[&first, &second], &|| {
+        let (a, b) = (owned(&first), owned(&second));
+        a.len() == 2 && b.len() == 2 && a.is_disjoint(&b)
+    });
+
+    let kept = owned(&first);
+    let events = first.context().0.lock().unwrap().clone();
+    let revoked: BTreeSet<i32> = events
+        .iter()
+        .filter(|(assigned, _)| !assigned)
+        .flat_map(|(_, p)| p.iter().copied())
+        .collect();
+    assert!(
+        revoked.is_disjoint(&kept),
+        "the first member's kept partitions {kept:?} were revoked on the way: {events:?}"
+    );
+    assert_eq!(
+        revoked,
+        owned(&second),
+        "only the moved partitions were revoked: {events:?}"
+    );
 }
