@@ -51,14 +51,20 @@ done
 kill -TERM "$W"; wait "$W" || true
 trap - EXIT
 
-python3 - "$RSS" "$WARMUP" <<'PY'
+# Steady state: after the warm-up, while more than a minute of work is left; in the last
+# minute campaigns finish one by one and their buffers are freed (reported apart).
+python3 - "$RSS" "$WARMUP" "$TOTAL" "$TOTAL_RATE" <<'PY'
 import sys
 rows = [tuple(map(int, l.split())) for l in open(sys.argv[1])]
-warm = [r for r in rows if r[0] >= int(sys.argv[2])]
-rss = [r[1] / 1024 for r in warm] or [0]
+warmup, total, rate = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+steady = [r for r in rows if r[0] >= warmup and r[2] <= total - 60 * rate]
+rss = [r[1] / 1024 for r in steady] or [0]
 mean = sum(rss) / len(rss)
-print(f"RSS after warm-up: min {min(rss):.1f} MB, max {max(rss):.1f} MB, mean {mean:.1f} MB, "
-      f"spread {100*(max(rss)-min(rss))/mean:.1f}% of mean ({len(rss)} samples)")
+print(f"RSS in the steady state (after {warmup} s, until the last minute of work): "
+      f"min {min(rss):.1f} MB, max {max(rss):.1f} MB, mean {mean:.1f} MB, "
+      f"within {100*max(mean-min(rss), max(rss)-mean)/mean:.1f}% of the mean ({len(rss)} samples)")
+tail = [f"{r[1] / 1024:.0f}" for r in rows if r[2] > total - 60 * rate]
+print(f"RSS in the last minute of work (campaigns finishing): {', '.join(tail)} MB")
 print(f"run time: {rows[-1][0]} s, sent {rows[-1][2]}")
 PY
 psql "$DB" -tA -F' ' -c "

@@ -543,13 +543,15 @@ impl Ctx {
         let flush = w.sample().await.unwrap_or_default();
         let server = server_statements_per_flush(&self.database_url(db), flush.flushes).await;
         let peak = w.stop().await;
-        let sink_requests = match sink {
+        // The sink's own CPU, to tell which side of the loopback limits the rate.
+        let (sink_requests, sink_cpu) = match sink {
             Some((mut child, port)) => {
                 let n = sink_requests(port).await;
+                let cpu = cpu_seconds(child.id());
                 stop_child(&mut child).await;
-                n
+                (n, cpu)
             }
-            None => None,
+            None => (None, None),
         };
         let (secs, sent, cpu) = timed?;
         let mut note = match phase {
@@ -559,6 +561,12 @@ impl Ctx {
         };
         if let Some(n) = sink_requests {
             note.push_str(&format!(", sink saw {n} requests"));
+        }
+        if let Some(cpu) = sink_cpu {
+            note.push_str(&format!(
+                ", sink CPU {:.2} s per 1M",
+                cpu / (sent as f64 / 1e6)
+            ));
         }
         Ok(PhaseResult {
             phase: name.into(),

@@ -394,6 +394,8 @@ pub struct SenderSettings {
     pub give_up_after_ms: u64,
     /// Speak HTTP/2 without negotiation (h2c) to a plain-text provider.
     pub http2_prior_knowledge: bool,
+    /// h2c connections; each carries many sends at once.
+    pub http2_connections: usize,
 }
 
 #[derive(Clone, Deserialize)]
@@ -637,6 +639,9 @@ impl Settings {
         }
         if s.timeout_ms == 0 {
             return Err(invalid("sender.timeout_ms", "must be > 0"));
+        }
+        if !(1..=64).contains(&s.http2_connections) {
+            return Err(invalid("sender.http2_connections", "must be 1 to 64"));
         }
         if s.max_in_flight == 0 {
             return Err(invalid("sender.max_in_flight", "must be > 0"));

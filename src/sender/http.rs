@@ -1,5 +1,8 @@
-//! The HTTP provider sender: one POST per device over a shared keep-alive pool.
+//! The HTTP provider sender: one POST per device, over reqwest's keep-alive pool
+//! (HTTP/1.1, or HTTP/2 when TLS negotiates it), or over a few multiplexed h2c
+//! connections ([`super::h2c`]) with `http2_prior_knowledge` on an `http://` URL.
 
+use super::h2c::H2cPool;
 use super::retry::parse_retry_after;
 use super::{no_such_device, SendFuture, SendOutcome, Sender, SenderError};
 use crate::job::{write_json_str, Job};
@@ -8,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How much of an error response's body goes into the reason.
-const SNIPPET_BYTES: usize = 200;
+pub(super) const SNIPPET_BYTES: usize = 200;
+pub(super) const USER_AGENT: &str = concat!("pushpace/", env!("CARGO_PKG_VERSION"));
 /// Longest reason text built from a transport error chain.
 const MAX_REASON_CHARS: usize = 300;
 
@@ -28,6 +32,9 @@ pub struct HttpSenderConfig {
     /// Speak HTTP/2 without negotiation (h2c to a plain-text endpoint). Over TLS, HTTP/2
     /// is used whenever the server offers it, without this.
     pub http2_prior_knowledge: bool,
+    /// Connections for h2c (`http2_prior_knowledge` on an `http://` URL); each carries
+    /// many sends at once.
+    pub http2_connections: usize,
 }
 
 impl HttpSenderConfig {
@@ -40,6 +47,7 @@ impl HttpSenderConfig {
             pool_idle_timeout: Duration::from_secs(90),
             pool_max_idle_per_host: 1024,
             http2_prior_knowledge: false,
+            http2_connections: super::h2c::DEFAULT_CONNECTIONS,
         }
     }
 }
@@ -48,9 +56,15 @@ impl HttpSenderConfig {
 /// `Idempotency-Key: <job_id>:<device index>` header. Cheap to clone: clones share the pool.
 #[derive(Clone)]
 pub struct HttpSender {
-    client: reqwest::Client,
+    transport: Transport,
     url: Arc<reqwest::Url>,
     timeout: Duration,
+}
+
+#[derive(Clone)]
+enum Transport {
+    Reqwest(reqwest::Client),
+    H2c(Arc<H2cPool>),
 }
 
 impl std::fmt::Debug for HttpSender {
@@ -62,6 +76,13 @@ impl std::fmt::Debug for HttpSender {
             .field("port", &self.url.port_or_known_default())
             .field("path", &self.url.path())
             .field("timeout", &self.timeout)
+            .field(
+                "transport",
+                &match self.transport {
+                    Transport::Reqwest(_) => "reqwest",
+                    Transport::H2c(_) => "h2c",
+                },
+            )
             .finish()
     }
 }
@@ -79,6 +100,19 @@ impl HttpSender {
         if url.host_str().is_none() {
             return Err(invalid("the url has no host"));
         }
+        if config.http2_prior_knowledge && url.scheme() == "http" {
+            let uri: http::Uri = url
+                .as_str()
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
+            let pool = H2cPool::new(uri, config.connect_timeout, config.http2_connections)
+                .ok_or_else(|| invalid("the url has no host"))?;
+            return Ok(Self {
+                transport: Transport::H2c(Arc::new(pool)),
+                url: Arc::new(url),
+                timeout: config.timeout,
+            });
+        }
         let mut builder = reqwest::Client::builder()
             .timeout(config.timeout)
             .connect_timeout(config.connect_timeout)
@@ -88,7 +122,7 @@ impl HttpSender {
             // A redirect is a configuration problem, not something to follow per device.
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
-            .user_agent(concat!("pushpace/", env!("CARGO_PKG_VERSION")));
+            .user_agent(USER_AGENT);
         if config.http2_prior_knowledge {
             builder = builder.http2_prior_knowledge();
         }
@@ -96,10 +130,18 @@ impl HttpSender {
             .build()
             .map_err(|e| SenderError::Client(e.without_url().to_string()))?;
         Ok(Self {
-            client,
+            transport: Transport::Reqwest(client),
             url: Arc::new(url),
             timeout: config.timeout,
         })
+    }
+
+    /// Open h2c connections (`None` for the reqwest transport).
+    pub fn h2c_connections(&self) -> Option<usize> {
+        match &self.transport {
+            Transport::H2c(pool) => Some(pool.open_connections()),
+            Transport::Reqwest(_) => None,
+        }
     }
 }
 
@@ -119,13 +161,18 @@ impl Sender for HttpSender {
                 })
             }
         };
-        let request = self
-            .client
+        let timeout = self.timeout;
+        let client = match &self.transport {
+            Transport::Reqwest(client) => client,
+            Transport::H2c(pool) => {
+                return SendFuture::boxed(Arc::clone(pool).send(body.into(), key, timeout))
+            }
+        };
+        let request = client
             .post((*self.url).clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .header("idempotency-key", key)
             .body(body);
-        let timeout = self.timeout;
         SendFuture::boxed(async move {
             match request.send().await {
                 Ok(response) => classify_response(response).await,
@@ -173,12 +220,21 @@ async fn classify_response(mut response: reqwest::Response) -> SendOutcome {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| parse_retry_after(v, SystemTime::now()));
     let snippet = body_snippet(&mut response).await;
+    classify_status(code, retry_after, snippet)
+}
+
+/// The outcome of a non-2xx answer: 429 and 5xx are retried, any other status fails.
+pub(super) fn classify_status(
+    code: u16,
+    retry_after: Option<Duration>,
+    snippet: String,
+) -> SendOutcome {
     let reason = if snippet.is_empty() {
         format!("HTTP {code}")
     } else {
         format!("HTTP {code}: {snippet}")
     };
-    if code == 429 || status.is_server_error() {
+    if code == 429 || (500..600).contains(&code) {
         SendOutcome::Retry {
             after: retry_after,
             reason,
@@ -201,14 +257,19 @@ async fn body_snippet(response: &mut reqwest::Response) -> String {
         }
     }
     let cut = bytes.len().min(SNIPPET_BYTES);
-    let text = String::from_utf8_lossy(&bytes[..cut]);
+    snippet_text(&bytes[..cut], bytes.len() > SNIPPET_BYTES)
+}
+
+/// An error body's first bytes as printable text on one line; `…` when it went on.
+pub(super) fn snippet_text(bytes: &[u8], longer: bool) -> String {
+    let text = String::from_utf8_lossy(bytes);
     let mut out: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()
         .trim()
         .to_string();
-    if bytes.len() > SNIPPET_BYTES {
+    if longer {
         out.push('…');
     }
     out

@@ -9,6 +9,7 @@
 //! no allocation per send: its future is ready at once and can be unwrapped with
 //! [`SendFuture::into_ready`] without being polled or spawned.
 
+mod h2c;
 mod http;
 mod null;
 mod retry;

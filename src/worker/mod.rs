@@ -57,6 +57,7 @@ pub fn build_sender(settings: &Settings) -> Result<AnySender, WorkerError> {
             let mut c = HttpSenderConfig::new(settings.sender.url.clone());
             c.timeout = Duration::from_millis(settings.sender.timeout_ms);
             c.http2_prior_knowledge = settings.sender.http2_prior_knowledge;
+            c.http2_connections = settings.sender.http2_connections;
             AnySender::Http(HttpSender::new(&c)?)
         }
     })

@@ -12,6 +12,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+const DEFAULT_H2C_CONNECTIONS: usize = 2;
+
 fn job(job_id: &str, campaign_id: &str, devices: &[&str], payload: &str) -> Arc<Job> {
     let payload = RawValue::from_string(payload.to_string()).unwrap();
     let devices = devices.iter().map(|d| d.to_string()).collect();
@@ -27,9 +29,9 @@ async fn sink() -> SinkHandle {
     .unwrap()
 }
 
-fn sender_for(sink: &SinkHandle) -> HttpSender {
-    sender_with(sink, |_| {})
-}
+/// The two transports of the HTTP sender: reqwest (HTTP/1.1 here) and the h2c client
+/// (`http2_prior_knowledge`); each behaviour test runs over both.
+const TRANSPORTS: [(&str, bool); 2] = [("HTTP/1.1", false), ("h2c", true)];
 
 fn sender_with(sink: &SinkHandle, tweak: impl FnOnce(&mut HttpSenderConfig)) -> HttpSender {
     let mut config = HttpSenderConfig::new(sink.url());
@@ -40,226 +42,259 @@ fn sender_with(sink: &SinkHandle, tweak: impl FnOnce(&mut HttpSenderConfig)) -> 
 
 #[tokio::test]
 async fn delivers_with_the_exact_body_and_idempotency_key() {
-    let sink = sink().await;
-    let sender = sender_for(&sink);
-    // Odd spacing, escapes and non-ASCII in the payload; a token that needs escaping.
-    let payload = "{ \"title\" : \"Hi \\u00e9 \\\"q\\\"\",\n  \"n\":1.50e2 , \"z\":[ ] }";
-    let token = "tok \"b\"\\\n\u{1}é";
-    let job = job("j-1", "spring-sale", &["tok-a", token], payload);
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        // Odd spacing, escapes and non-ASCII in the payload; a token that needs escaping.
+        let payload = "{ \"title\" : \"Hi \\u00e9 \\\"q\\\"\",\n  \"n\":1.50e2 , \"z\":[ ] }";
+        let token = "tok \"b\"\\\n\u{1}é";
+        let job = job("j-1", "spring-sale", &["tok-a", token], payload);
 
-    assert_eq!(sender.send(&job, 1).await, SendOutcome::Delivered);
+        assert_eq!(sender.send(&job, 1).await, SendOutcome::Delivered);
 
-    let arrivals = sink.arrivals();
-    assert_eq!(arrivals.len(), 1);
-    let a = &arrivals[0];
-    assert_eq!(&*a.campaign_id, "spring-sale");
-    assert_eq!(&*a.job_id, "j-1");
-    assert_eq!(a.device_token, token);
-    assert_eq!(a.idempotency_key.as_deref(), Some("j-1:1"));
-    assert_eq!(a.status, Some(200));
-    let expected = format!(
+        let arrivals = sink.arrivals();
+        assert_eq!(arrivals.len(), 1);
+        let a = &arrivals[0];
+        assert_eq!(&*a.campaign_id, "spring-sale");
+        assert_eq!(&*a.job_id, "j-1");
+        assert_eq!(a.device_token, token);
+        assert_eq!(a.idempotency_key.as_deref(), Some("j-1:1"));
+        assert_eq!(a.status, Some(200));
+        let expected = format!(
         "{{\"campaign_id\":\"spring-sale\",\"job_id\":\"j-1\",\"device_token\":{},\"payload\":{payload}}}",
         serde_json::to_string(token).unwrap()
     );
-    assert_eq!(a.body.as_deref(), Some(expected.as_bytes()));
-    // The payload bytes inside the body are the producer's, byte for byte.
-    let body = std::str::from_utf8(a.body.as_deref().unwrap()).unwrap();
-    assert!(body.ends_with(&format!("\"payload\":{payload}}}")));
+        assert_eq!(a.body.as_deref(), Some(expected.as_bytes()));
+        // The payload bytes inside the body are the producer's, byte for byte.
+        let body = std::str::from_utf8(a.body.as_deref().unwrap()).unwrap();
+        assert!(body.ends_with(&format!("\"payload\":{payload}}}")));
+    }
 }
 
 #[tokio::test]
 async fn every_device_arrives_once_over_one_keep_alive_connection() {
-    let sink = sink().await;
-    let sender = sender_for(&sink);
-    let tokens: Vec<String> = (0..50).map(|i| format!("tok-{i}")).collect();
-    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    let job = job("j-keep", "c-keep", &refs, "{}");
-    for i in 0..tokens.len() {
-        assert_eq!(sender.send(&job, i).await, SendOutcome::Delivered);
-    }
-    assert_eq!(
-        sink.connections(),
-        1,
-        "sequential sends should reuse one connection"
-    );
-    let expected: HashSet<(String, String)> = tokens
-        .iter()
-        .map(|t| ("j-keep".to_string(), t.clone()))
-        .collect();
-    assert_eq!(sink.delivered_devices(), expected);
-    let c = sink.campaign("c-keep").unwrap();
-    assert_eq!(
-        (c.requests, c.delivered, c.distinct_delivered, c.duplicates),
-        (50, 50, 50, 0)
-    );
-    let per_second: u64 = sink.per_second("c-keep").iter().map(|s| s.delivered).sum();
-    assert_eq!(per_second, 50);
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let tokens: Vec<String> = (0..50).map(|i| format!("tok-{i}")).collect();
+        let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+        let job = job("j-keep", "c-keep", &refs, "{}");
+        for i in 0..tokens.len() {
+            assert_eq!(sender.send(&job, i).await, SendOutcome::Delivered);
+        }
+        // HTTP/1.1 reuses one kept-alive connection; h2c goes round-robin over its
+        // connections and makes no more.
+        let connections = if h2 { DEFAULT_H2C_CONNECTIONS } else { 1 };
+        assert_eq!(
+            sink.connections(),
+            connections as u64,
+            "sequential sends should reuse the connections"
+        );
+        let expected: HashSet<(String, String)> = tokens
+            .iter()
+            .map(|t| ("j-keep".to_string(), t.clone()))
+            .collect();
+        assert_eq!(sink.delivered_devices(), expected);
+        let c = sink.campaign("c-keep").unwrap();
+        assert_eq!(
+            (c.requests, c.delivered, c.distinct_delivered, c.duplicates),
+            (50, 50, 50, 0)
+        );
+        let per_second: u64 = sink.per_second("c-keep").iter().map(|s| s.delivered).sum();
+        assert_eq!(per_second, 50);
 
-    // Sending a device again is a duplicate for the provider.
-    assert_eq!(sender.send(&job, 7).await, SendOutcome::Delivered);
-    let c = sink.campaign("c-keep").unwrap();
-    assert_eq!(
-        (c.delivered, c.distinct_delivered, c.duplicates),
-        (51, 50, 1)
-    );
+        // Sending a device again is a duplicate for the provider.
+        assert_eq!(sender.send(&job, 7).await, SendOutcome::Delivered);
+        let c = sink.campaign("c-keep").unwrap();
+        assert_eq!(
+            (c.delivered, c.distinct_delivered, c.duplicates),
+            (51, 50, 1)
+        );
+    }
 }
 
 #[tokio::test]
 async fn concurrent_sends_all_arrive() {
-    let sink = sink().await;
-    let sender = sender_for(&sink);
-    let tokens: Vec<String> = (0..200).map(|i| format!("t{i}")).collect();
-    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    let job = job("j-conc", "c-conc", &refs, r#"{"a":1}"#);
-    let outcomes = futures::future::join_all((0..200).map(|i| sender.send(&job, i))).await;
-    assert!(
-        outcomes.iter().all(SendOutcome::is_delivered),
-        "{outcomes:?}"
-    );
-    let summary = sink.summary();
-    assert_eq!(
-        (
-            summary.requests,
-            summary.distinct_delivered,
-            summary.duplicates
-        ),
-        (200, 200, 0)
-    );
-    // All 200 arrived well within one second.
-    assert_eq!(sink.max_in_window("c-conc", Duration::from_secs(1)), 200);
-    assert_eq!(sink.campaign("c-conc").unwrap().max_in_any_second, 200);
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let tokens: Vec<String> = (0..200).map(|i| format!("t{i}")).collect();
+        let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+        let job = job("j-conc", "c-conc", &refs, r#"{"a":1}"#);
+        let outcomes = futures::future::join_all((0..200).map(|i| sender.send(&job, i))).await;
+        assert!(
+            outcomes.iter().all(SendOutcome::is_delivered),
+            "{outcomes:?}"
+        );
+        let summary = sink.summary();
+        assert_eq!(
+            (
+                summary.requests,
+                summary.distinct_delivered,
+                summary.duplicates
+            ),
+            (200, 200, 0)
+        );
+        // All 200 arrived well within one second.
+        assert_eq!(sink.max_in_window("c-conc", Duration::from_secs(1)), 200);
+        assert_eq!(sink.campaign("c-conc").unwrap().max_in_any_second, 200);
+    }
 }
 
 #[tokio::test]
 async fn too_many_requests_is_retried_after_the_given_seconds() {
-    let sink = sink().await;
-    let sender = sender_for(&sink);
-    let job = job("j", "c", &["t"], "{}");
-    sink.set_behaviour(Behaviour::TooManyRequests {
-        retry_after: Some(RetryAfter::Seconds(7)),
-    });
-    match sender.send(&job, 0).await {
-        SendOutcome::Retry { after, reason } => {
-            assert_eq!(after, Some(Duration::from_secs(7)));
-            assert!(reason.starts_with("HTTP 429"), "{reason}");
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let job = job("j", "c", &["t"], "{}");
+        sink.set_behaviour(Behaviour::TooManyRequests {
+            retry_after: Some(RetryAfter::Seconds(7)),
+        });
+        match sender.send(&job, 0).await {
+            SendOutcome::Retry { after, reason } => {
+                assert_eq!(after, Some(Duration::from_secs(7)));
+                assert!(reason.starts_with("HTTP 429"), "{reason}");
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
+        sink.set_behaviour(Behaviour::TooManyRequests { retry_after: None });
+        assert!(matches!(
+            sender.send(&job, 0).await,
+            SendOutcome::Retry { after: None, .. }
+        ));
+        // The sink counts them as arrivals, not deliveries.
+        let c = sink.campaign("c").unwrap();
+        assert_eq!((c.requests, c.delivered), (2, 0));
     }
-    sink.set_behaviour(Behaviour::TooManyRequests { retry_after: None });
-    assert!(matches!(
-        sender.send(&job, 0).await,
-        SendOutcome::Retry { after: None, .. }
-    ));
-    // The sink counts them as arrivals, not deliveries.
-    let c = sink.campaign("c").unwrap();
-    assert_eq!((c.requests, c.delivered), (2, 0));
 }
 
 #[tokio::test]
 async fn too_many_requests_with_an_http_date_is_honoured() {
-    let sink = sink().await;
-    let sender = sender_for(&sink);
-    let job = job("j", "c", &["t"], "{}");
-    sink.set_behaviour(Behaviour::TooManyRequests {
-        retry_after: Some(RetryAfter::DateIn(30)),
-    });
-    match sender.send(&job, 0).await {
-        SendOutcome::Retry {
-            after: Some(after), ..
-        } => {
-            // HTTP-dates have whole seconds.
-            assert!(
-                after >= Duration::from_secs(28) && after <= Duration::from_secs(30),
-                "{after:?}"
-            );
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let job = job("j", "c", &["t"], "{}");
+        sink.set_behaviour(Behaviour::TooManyRequests {
+            retry_after: Some(RetryAfter::DateIn(30)),
+        });
+        match sender.send(&job, 0).await {
+            SendOutcome::Retry {
+                after: Some(after), ..
+            } => {
+                // HTTP-dates have whole seconds.
+                assert!(
+                    after >= Duration::from_secs(28) && after <= Duration::from_secs(30),
+                    "{after:?}"
+                );
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
     }
 }
 
 #[tokio::test]
 async fn server_errors_are_retried() {
-    let sink = sink().await;
-    let sender = sender_for(&sink);
-    let job = job("j", "c", &["t"], "{}");
-    sink.set_behaviour(Behaviour::ServerError);
-    match sender.send(&job, 0).await {
-        SendOutcome::Retry {
-            after: None,
-            reason,
-        } => {
-            assert!(reason.starts_with("HTTP 500: "), "{reason}");
-            assert!(reason.contains("provider failure"), "{reason}");
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let job = job("j", "c", &["t"], "{}");
+        sink.set_behaviour(Behaviour::ServerError);
+        match sender.send(&job, 0).await {
+            SendOutcome::Retry {
+                after: None,
+                reason,
+            } => {
+                assert!(reason.starts_with("HTTP 500: "), "{reason}");
+                assert!(reason.contains("provider failure"), "{reason}");
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
     }
 }
 
 #[tokio::test]
 async fn gone_tokens_fail_for_good_with_status_and_reason() {
-    let sink = sink().await;
-    let sender = sender_for(&sink);
-    sink.set_gone_prefix(Some("dead-"));
-    let job = job("j", "c", &["live-1", "dead-1"], "{}");
-    assert_eq!(sender.send(&job, 0).await, SendOutcome::Delivered);
-    match sender.send(&job, 1).await {
-        SendOutcome::Failed { status, reason } => {
-            assert_eq!(status, Some(410));
-            assert!(reason.starts_with("HTTP 410: "), "{reason}");
-            assert!(reason.contains("not registered"), "{reason}");
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        sink.set_gone_prefix(Some("dead-"));
+        let job = job("j", "c", &["live-1", "dead-1"], "{}");
+        assert_eq!(sender.send(&job, 0).await, SendOutcome::Delivered);
+        match sender.send(&job, 1).await {
+            SendOutcome::Failed { status, reason } => {
+                assert_eq!(status, Some(410));
+                assert!(reason.starts_with("HTTP 410: "), "{reason}");
+                assert!(reason.contains("not registered"), "{reason}");
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
+        sink.set_gone_prefix(None);
+        assert_eq!(sender.send(&job, 1).await, SendOutcome::Delivered);
     }
-    sink.set_gone_prefix(None);
-    assert_eq!(sender.send(&job, 1).await, SendOutcome::Delivered);
 }
 
 #[tokio::test]
 async fn a_slow_provider_times_out_and_is_retried() {
-    let sink = sink().await;
-    let sender = sender_with(&sink, |c| c.timeout = Duration::from_millis(300));
-    let job = job("j", "c", &["t"], "{}");
-    sink.set_behaviour(Behaviour::Slow { delay_ms: 3_000 });
-    let started = Instant::now();
-    match sender.send(&job, 0).await {
-        SendOutcome::Retry {
-            after: None,
-            reason,
-        } => {
-            assert_eq!(reason, "timeout after 300 ms");
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| {
+            c.timeout = Duration::from_millis(300);
+            c.http2_prior_knowledge = h2;
+        });
+        let job = job("j", "c", &["t"], "{}");
+        sink.set_behaviour(Behaviour::Slow { delay_ms: 3_000 });
+        let started = Instant::now();
+        match sender.send(&job, 0).await {
+            SendOutcome::Retry {
+                after: None,
+                reason,
+            } => {
+                assert_eq!(reason, "timeout after 300 ms");
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        // The request did arrive; it has no answer yet.
+        assert_eq!(sink.arrivals()[0].status, None);
     }
-    let took = started.elapsed();
-    assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
-        "{took:?}"
-    );
-    // The request did arrive; it has no answer yet.
-    assert_eq!(sink.arrivals()[0].status, None);
 }
 
 #[tokio::test]
 async fn a_dropped_connection_is_retried() {
-    let sink = sink().await;
-    let sender = sender_for(&sink);
-    let job = job("j", "c", &["t"], "{}");
-    sink.set_behaviour(Behaviour::Reset);
-    match sender.send(&job, 0).await {
-        SendOutcome::Retry {
-            after: None,
-            reason,
-        } => {
-            assert!(reason.starts_with("connection error: "), "{reason}");
-            assert!(
-                !reason.contains("127.0.0.1"),
-                "the url is left out: {reason}"
-            );
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let job = job("j", "c", &["t"], "{}");
+        sink.set_behaviour(Behaviour::Reset);
+        match sender.send(&job, 0).await {
+            SendOutcome::Retry {
+                after: None,
+                reason,
+            } => {
+                assert!(reason.starts_with("connection error: "), "{reason}");
+                assert!(
+                    !reason.contains("127.0.0.1"),
+                    "the url is left out: {reason}"
+                );
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
+        sink.set_behaviour(Behaviour::Normal);
+        assert_eq!(sender.send(&job, 0).await, SendOutcome::Delivered);
     }
-    sink.set_behaviour(Behaviour::Normal);
-    assert_eq!(sender.send(&job, 0).await, SendOutcome::Delivered);
 }
 
 #[tokio::test]
@@ -270,34 +305,43 @@ async fn a_refused_connection_is_retried() {
         .local_addr()
         .unwrap()
         .port();
-    let config = HttpSenderConfig::new(format!("http://127.0.0.1:{port}/push"));
-    let sender = HttpSender::new(&config).unwrap();
-    let job = job("j", "c", &["t"], "{}");
-    match sender.send(&job, 0).await {
-        SendOutcome::Retry {
-            after: None,
-            reason,
-        } => assert!(reason.starts_with("connection error"), "{reason}"),
-        other => panic!("{other:?}"),
+    for (transport, h2) in TRANSPORTS {
+        let mut config = HttpSenderConfig::new(format!("http://127.0.0.1:{port}/push"));
+        config.http2_prior_knowledge = h2;
+        let sender = HttpSender::new(&config).unwrap();
+        let job = job("j", "c", &["t"], "{}");
+        match sender.send(&job, 0).await {
+            SendOutcome::Retry {
+                after: None,
+                reason,
+            } => assert!(
+                reason.starts_with("connection error"),
+                "{transport}: {reason}"
+            ),
+            other => panic!("{transport}: {other:?}"),
+        }
     }
 }
 
 #[tokio::test]
 async fn behaviour_for_a_number_of_requests_then_back_to_normal() {
-    let sink = sink().await;
-    let sender = sender_for(&sink);
-    let job = job("j", "c", &["a", "b", "c"], "{}");
-    sink.set_behaviour_for(Behaviour::ServerError, 2);
-    assert!(matches!(
-        sender.send(&job, 0).await,
-        SendOutcome::Retry { .. }
-    ));
-    assert!(matches!(
-        sender.send(&job, 1).await,
-        SendOutcome::Retry { .. }
-    ));
-    assert_eq!(sender.send(&job, 2).await, SendOutcome::Delivered);
-    assert_eq!(sink.behaviour(), Behaviour::Normal);
+    for (transport, h2) in TRANSPORTS {
+        eprintln!("over {transport}");
+        let sink = sink().await;
+        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let job = job("j", "c", &["a", "b", "c"], "{}");
+        sink.set_behaviour_for(Behaviour::ServerError, 2);
+        assert!(matches!(
+            sender.send(&job, 0).await,
+            SendOutcome::Retry { .. }
+        ));
+        assert!(matches!(
+            sender.send(&job, 1).await,
+            SendOutcome::Retry { .. }
+        ));
+        assert_eq!(sender.send(&job, 2).await, SendOutcome::Delivered);
+        assert_eq!(sink.behaviour(), Behaviour::Normal);
+    }
 }
 
 #[tokio::test]
@@ -312,8 +356,9 @@ async fn h2c_with_prior_knowledge() {
         outcomes.iter().all(SendOutcome::is_delivered),
         "{outcomes:?}"
     );
-    // HTTP/2 multiplexes concurrent requests over one connection.
-    assert_eq!(sink.connections(), 1);
+    // HTTP/2 multiplexes the 20 concurrent requests over its few connections.
+    assert_eq!(sink.connections(), DEFAULT_H2C_CONNECTIONS as u64);
+    assert_eq!(sender.h2c_connections(), Some(DEFAULT_H2C_CONNECTIONS));
     assert_eq!(sink.campaign("c-h2").unwrap().distinct_delivered, 20);
 }
 
@@ -322,7 +367,7 @@ async fn out_of_range_device_fails_without_a_request() {
     let sink = sink().await;
     let job = job("j", "c", &["t"], "{}");
     for sender in [
-        AnySender::from(sender_for(&sink)),
+        AnySender::from(sender_with(&sink, |_| {})),
         AnySender::from(NullSender),
     ] {
         match sender.send(&job, 5).await {
@@ -352,7 +397,7 @@ fn the_null_sender_is_ready_at_once() {
 async fn the_http_sender_future_is_not_ready_until_awaited() {
     let sink = sink().await;
     let job = job("j", "c", &["t"], "{}");
-    let sender = AnySender::from(sender_for(&sink));
+    let sender = AnySender::from(sender_with(&sink, |_| {}));
     assert_eq!(sender.name(), "http");
     let future = sender.send(&job, 0).into_ready().unwrap_err();
     // Send + 'static: it can be spawned.
@@ -394,7 +439,7 @@ async fn the_sink_is_steered_and_read_over_http() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let sender = sender_for(&sink);
+    let sender = sender_with(&sink, |_| {});
     let job = job("j", "c", &["ok", "gone-1"], "{}");
     assert!(
         matches!(sender.send(&job, 0).await, SendOutcome::Retry { after: Some(d), .. } if d == Duration::from_secs(2))
