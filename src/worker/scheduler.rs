@@ -1177,9 +1177,14 @@ pub async fn run(
                 }
             }
             msg = control.recv(), if control_open => match msg {
-                Some(Control::Job(job)) => scheduler.add_job(job, time.now()),
-                Some(Control::Settings(s)) => scheduler.apply_settings(s, time.now()),
-                Some(Control::Revoke { partitions, done }) => scheduler.start_revoke(partitions, done),
+                Some(msg) => {
+                    apply_control(&mut scheduler, msg, &time);
+                    // Every message already waiting before the next round: a round per
+                    // job would cap intake at one job per round.
+                    while let Ok(msg) = control.try_recv() {
+                        apply_control(&mut scheduler, msg, &time);
+                    }
+                }
                 None => {
                     control_open = false;
                     if drain_deadline.is_none() {
@@ -1200,6 +1205,14 @@ pub async fn run(
         }
     }
     let _ = stats_out.send(scheduler.stats());
+}
+
+fn apply_control(scheduler: &mut Scheduler, msg: Control, time: &TimeBase) {
+    match msg {
+        Control::Job(job) => scheduler.add_job(job, time.now()),
+        Control::Settings(s) => scheduler.apply_settings(s, time.now()),
+        Control::Revoke { partitions, done } => scheduler.start_revoke(partitions, done),
+    }
 }
 
 impl std::fmt::Debug for Scheduler {
