@@ -784,6 +784,8 @@ struct ProcessRun {
     campaigns: Vec<(String, f64)>,
     total: u64,
     workers: Children,
+    group: String,
+    started: usize,
 }
 
 async fn start_workers(
@@ -833,7 +835,25 @@ async fn start_workers(
         total: plan.total_devices() as u64,
         sink,
         workers: Children(children),
+        group,
+        started: workers,
     }
+}
+
+/// Whether `group` lists `members` members: a member that joins late moves partitions,
+/// and their jobs pause while they move. (tansu reports neither the group's state nor
+/// the members' assignments, so the count is what can be checked.)
+fn group_complete(group: &str, members: usize) -> bool {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let Ok(client) = pushpace::broker::client_config(&brokers()).create::<BaseConsumer>() else {
+        return false;
+    };
+    let Ok(list) = client.fetch_group_list(Some(group), Duration::from_secs(2)) else {
+        return false;
+    };
+    list.groups()
+        .iter()
+        .any(|g| g.name() == group && g.members().len() == members)
 }
 
 /// Whole seconds in a row within ±2% before a run counts as settled. tansu rebalances a
@@ -851,13 +871,24 @@ impl ProcessRun {
         while self.sink.summary().delivered < 1000 && Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        loop {
+            let (group, n) = (self.group.clone(), self.started);
+            let complete = tokio::task::spawn_blocking(move || group_complete(&group, n))
+                .await
+                .unwrap();
+            if complete || Instant::now() >= end {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
         self.stable_within(Duration::from_secs(60))
             .await
             .map(|_| t.elapsed())
     }
 
-    /// Waits until [`SETTLED_SECONDS`] whole seconds in a row carry the summed rate within
-    /// ±2%; returns how long that took, or `None` after `limit`.
+    /// Waits until [`SETTLED_SECONDS`] whole seconds in a row carry the summed rate, and
+    /// each campaign's own, within ±2% (+1 for arrival jitter); returns how long that
+    /// took, or `None` after `limit`.
     async fn stable_within(&self, limit: Duration) -> Option<Duration> {
         const N: usize = SETTLED_SECONDS as usize;
         let t = Instant::now();
@@ -869,17 +900,26 @@ impl ProcessRun {
             if now < since + SETTLED_SECONDS + 1 {
                 continue; // whole seconds after the call
             }
+            let in_band =
+                |n: u64, rate: f64| (0.98 * rate - 1.0..=1.02 * rate + 1.0).contains(&(n as f64));
             let mut sums = [0u64; N];
-            for (id, _) in &self.campaigns {
+            let mut each_in_band = true;
+            for (id, rate) in &self.campaigns {
+                let mut own = [0u64; N];
                 for s in self.sink.per_second(id) {
                     if s.unix_second + SETTLED_SECONDS + 1 > now && s.unix_second < now {
-                        sums[(now - 1 - s.unix_second) as usize] += s.requests;
+                        own[(now - 1 - s.unix_second) as usize] += s.requests;
                     }
                 }
+                each_in_band &= own.iter().all(|&n| in_band(n, *rate));
+                for (sum, n) in sums.iter_mut().zip(own) {
+                    *sum += n;
+                }
             }
-            if sums
-                .iter()
-                .all(|&n| (0.98 * target..=1.02 * target + 1.0).contains(&(n as f64)))
+            if each_in_band
+                && sums
+                    .iter()
+                    .all(|&n| (0.98 * target..=1.02 * target + 1.0).contains(&(n as f64)))
             {
                 return Some(t.elapsed());
             }
