@@ -33,6 +33,14 @@ async fn sink() -> SinkHandle {
 /// (`http2_prior_knowledge`); each behaviour test runs over both.
 const TRANSPORTS: [(&str, bool); 2] = [("HTTP/1.1", false), ("h2c", true)];
 
+/// A fresh sink and a sender to it over one of [`TRANSPORTS`].
+async fn sink_and_sender(transport: &str, h2: bool) -> (SinkHandle, HttpSender) {
+    eprintln!("over {transport}");
+    let sink = sink().await;
+    let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+    (sink, sender)
+}
+
 fn sender_with(sink: &SinkHandle, tweak: impl FnOnce(&mut HttpSenderConfig)) -> HttpSender {
     let mut config = HttpSenderConfig::new(sink.url());
     config.timeout = Duration::from_secs(5);
@@ -43,9 +51,7 @@ fn sender_with(sink: &SinkHandle, tweak: impl FnOnce(&mut HttpSenderConfig)) -> 
 #[tokio::test]
 async fn delivers_with_the_exact_body_and_idempotency_key() {
     for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
-        let sink = sink().await;
-        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let (sink, sender) = sink_and_sender(transport, h2).await;
         // Odd spacing, escapes and non-ASCII in the payload; a token that needs escaping.
         let payload = "{ \"title\" : \"Hi \\u00e9 \\\"q\\\"\",\n  \"n\":1.50e2 , \"z\":[ ] }";
         let token = "tok \"b\"\\\n\u{1}é";
@@ -75,9 +81,7 @@ async fn delivers_with_the_exact_body_and_idempotency_key() {
 #[tokio::test]
 async fn every_device_arrives_once_over_one_keep_alive_connection() {
     for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
-        let sink = sink().await;
-        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let (sink, sender) = sink_and_sender(transport, h2).await;
         let tokens: Vec<String> = (0..50).map(|i| format!("tok-{i}")).collect();
         let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
         let job = job("j-keep", "c-keep", &refs, "{}");
@@ -118,9 +122,7 @@ async fn every_device_arrives_once_over_one_keep_alive_connection() {
 #[tokio::test]
 async fn concurrent_sends_all_arrive() {
     for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
-        let sink = sink().await;
-        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let (sink, sender) = sink_and_sender(transport, h2).await;
         let tokens: Vec<String> = (0..200).map(|i| format!("t{i}")).collect();
         let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
         let job = job("j-conc", "c-conc", &refs, r#"{"a":1}"#);
@@ -147,9 +149,7 @@ async fn concurrent_sends_all_arrive() {
 #[tokio::test]
 async fn too_many_requests_is_retried_after_the_given_seconds() {
     for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
-        let sink = sink().await;
-        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let (sink, sender) = sink_and_sender(transport, h2).await;
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::TooManyRequests {
             retry_after: Some(RetryAfter::Seconds(7)),
@@ -175,9 +175,7 @@ async fn too_many_requests_is_retried_after_the_given_seconds() {
 #[tokio::test]
 async fn too_many_requests_with_an_http_date_is_honoured() {
     for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
-        let sink = sink().await;
-        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let (sink, sender) = sink_and_sender(transport, h2).await;
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::TooManyRequests {
             retry_after: Some(RetryAfter::DateIn(30)),
@@ -200,9 +198,7 @@ async fn too_many_requests_with_an_http_date_is_honoured() {
 #[tokio::test]
 async fn server_errors_are_retried() {
     for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
-        let sink = sink().await;
-        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let (sink, sender) = sink_and_sender(transport, h2).await;
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::ServerError);
         match sender.send(&job, 0).await {
@@ -221,9 +217,7 @@ async fn server_errors_are_retried() {
 #[tokio::test]
 async fn gone_tokens_fail_for_good_with_status_and_reason() {
     for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
-        let sink = sink().await;
-        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let (sink, sender) = sink_and_sender(transport, h2).await;
         sink.set_gone_prefix(Some("dead-"));
         let job = job("j", "c", &["live-1", "dead-1"], "{}");
         assert_eq!(sender.send(&job, 0).await, SendOutcome::Delivered);
@@ -274,9 +268,7 @@ async fn a_slow_provider_times_out_and_is_retried() {
 #[tokio::test]
 async fn a_dropped_connection_is_retried() {
     for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
-        let sink = sink().await;
-        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let (sink, sender) = sink_and_sender(transport, h2).await;
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::Reset);
         match sender.send(&job, 0).await {
@@ -326,9 +318,7 @@ async fn a_refused_connection_is_retried() {
 #[tokio::test]
 async fn behaviour_for_a_number_of_requests_then_back_to_normal() {
     for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
-        let sink = sink().await;
-        let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+        let (sink, sender) = sink_and_sender(transport, h2).await;
         let job = job("j", "c", &["a", "b", "c"], "{}");
         sink.set_behaviour_for(Behaviour::ServerError, 2);
         assert!(matches!(
