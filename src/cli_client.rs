@@ -249,6 +249,29 @@ impl Client {
     }
 }
 
+/// What a campaign change answered: the API's JSON as is (`--json`), or the campaign.
+enum Changed {
+    Json(String),
+    Campaign(CampaignOut),
+}
+
+/// PUTs `body` to campaign `id` (authenticated).
+async fn put_campaign(
+    client: &Client,
+    id: &str,
+    body: serde_json::Value,
+    json: bool,
+) -> Result<Changed, CliError> {
+    let url = client.campaign_url(id);
+    let bytes = client
+        .call(reqwest::Method::PUT, url.clone(), Some(body), true)
+        .await?;
+    if json {
+        return pretty(&url, &bytes).map(Changed::Json);
+    }
+    decode(&url, &bytes).map(Changed::Campaign)
+}
+
 fn decode<T: serde::de::DeserializeOwned>(url: &str, bytes: &[u8]) -> Result<T, CliError> {
     serde_json::from_slice(bytes).map_err(|e| CliError::Decode {
         url: url.to_string(),
@@ -308,15 +331,11 @@ pub async fn run_campaign(args: &CampaignArgs, settings: &Settings) -> Result<St
                     "RATE must be a number, got {rate}"
                 )));
             }
-            let url = client.campaign_url(id);
             let body = serde_json::json!({ "send_rate": rate });
-            let bytes = client
-                .call(Method::PUT, url.clone(), Some(body), true)
-                .await?;
-            if json {
-                return pretty(&url, &bytes);
-            }
-            let c: CampaignOut = decode(&url, &bytes)?;
+            let c = match put_campaign(&client, id, body, json).await? {
+                Changed::Json(text) => return Ok(text),
+                Changed::Campaign(c) => c,
+            };
             Ok(format!(
                 "campaign {}: send_rate {}/s ({}, {}); the worker applies it within a second\n",
                 c.id,
@@ -331,15 +350,11 @@ pub async fn run_campaign(args: &CampaignArgs, settings: &Settings) -> Result<St
                 "default" => serde_json::Value::Null,
                 other => serde_json::Value::String(other.to_string()),
             };
-            let url = client.campaign_url(id);
             let body = serde_json::json!({ "limiter_scope": value });
-            let bytes = client
-                .call(Method::PUT, url.clone(), Some(body), true)
-                .await?;
-            if json {
-                return pretty(&url, &bytes);
-            }
-            let c: CampaignOut = decode(&url, &bytes)?;
+            let c = match put_campaign(&client, id, body, json).await? {
+                Changed::Json(text) => return Ok(text),
+                Changed::Campaign(c) => c,
+            };
             Ok(format!(
                 "campaign {}: limiter scope {}; the worker applies it within a second\n",
                 c.id,
