@@ -784,8 +784,8 @@ struct ProcessRun {
     campaigns: Vec<(String, f64)>,
     total: u64,
     workers: Children,
-    group: String,
-    started: usize,
+    /// Each worker's log, where it reports the partitions it is assigned and revoked.
+    logs: Vec<std::path::PathBuf>,
 }
 
 async fn start_workers(
@@ -835,25 +835,38 @@ async fn start_workers(
         total: plan.total_devices() as u64,
         sink,
         workers: Children(children),
-        group,
-        started: workers,
+        logs: (0..workers)
+            .map(|i| worker_log(&format!("{prefix}-{i}")))
+            .collect(),
     }
 }
 
-/// Whether `group` lists `members` members: a member that joins late moves partitions,
-/// and their jobs pause while they move. (tansu reports neither the group's state nor
-/// the members' assignments, so the count is what can be checked.)
-fn group_complete(group: &str, members: usize) -> bool {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let Ok(client) = pushpace::broker::client_config(&brokers()).create::<BaseConsumer>() else {
-        return false;
-    };
-    let Ok(list) = client.fetch_group_list(Some(group), Duration::from_secs(2)) else {
-        return false;
-    };
-    list.groups()
-        .iter()
-        .any(|g| g.name() == group && g.members().len() == members)
+/// The partitions each worker owns, read from its log: with cooperative rebalancing an
+/// "assigned" line adds partitions and a "revoked" line removes them.
+fn owned_partitions(logs: &[std::path::PathBuf]) -> Vec<std::collections::BTreeSet<i32>> {
+    logs.iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let mut owned = std::collections::BTreeSet::new();
+            for line in text.lines() {
+                let assigned = line.contains("partitions assigned");
+                if !assigned && !line.contains("partitions revoked") {
+                    continue;
+                }
+                let Some(list) = line.rsplit('[').next().and_then(|l| l.split(']').next()) else {
+                    continue;
+                };
+                for p in list.split(',').filter_map(|p| p.trim().parse::<i32>().ok()) {
+                    if assigned {
+                        owned.insert(p);
+                    } else {
+                        owned.remove(&p);
+                    }
+                }
+            }
+            owned
+        })
+        .collect()
 }
 
 /// Whole seconds in a row within ±2% before a run counts as settled. tansu rebalances a
@@ -871,12 +884,24 @@ impl ProcessRun {
         while self.sink.summary().delivered < 1000 && Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        loop {
-            let (group, n) = (self.group.clone(), self.started);
-            let complete = tokio::task::spawn_blocking(move || group_complete(&group, n))
-                .await
-                .unwrap();
-            if complete || Instant::now() >= end {
+        // The group settles in steps (a member joining late, tansu rebalancing again):
+        // wait until every worker owns partitions, all six are owned, and nothing has
+        // moved for two of tansu's heartbeats (3 s each).
+        let mut last = Vec::new();
+        let mut unchanged_since = Instant::now();
+        while Instant::now() < end {
+            let owned = owned_partitions(&self.logs);
+            if owned != last {
+                last = owned;
+                unchanged_since = Instant::now();
+            }
+            let all: usize = last.iter().map(|o| o.len()).sum();
+            let union: std::collections::BTreeSet<i32> = last.iter().flatten().copied().collect();
+            if last.iter().all(|o| !o.is_empty())
+                && all == 6
+                && union.len() == 6
+                && unchanged_since.elapsed() >= Duration::from_secs(6)
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -1008,7 +1033,7 @@ async fn paced_three_worker_processes_keep_ten_campaigns_at_their_own_rates() {
     let rates = [
         50.0, 100.0, 150.0, 200.0, 250.0, 300.0, 350.0, 400.0, 450.0, 500.0,
     ];
-    let campaigns: Vec<(f64, usize)> = rates.iter().map(|&r| (r, (r * 40.0) as usize)).collect();
+    let campaigns: Vec<(f64, usize)> = rates.iter().map(|&r| (r, (r * 60.0) as usize)).collect();
     let run = start_workers(&campaigns, 3, None).await;
     let settled = run.settle().await;
     eprintln!("ten campaigns: group settled after {settled:?}");
@@ -1085,6 +1110,11 @@ fn unix_now() -> u64 {
 /// `pushpace run` as in `helpers::spawn_worker_process`, with room for 64 sends in
 /// flight and its log in the test's temporary directory (`<name>.log`), for a failure's
 /// post-mortem.
+/// Where [`spawn_logged`] writes the worker `name`'s log.
+fn worker_log(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.log"))
+}
+
 fn spawn_logged(
     topic: &str,
     group: &str,
@@ -1093,8 +1123,7 @@ fn spawn_logged(
     env: &[(&str, &str)],
     name: &str,
 ) -> std::process::Child {
-    let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.log"));
-    let log = std::fs::File::create(log).unwrap();
+    let log = std::fs::File::create(worker_log(name)).unwrap();
     crate::helpers::pushpace_bin()
         .arg("run")
         .env("PUSHPACE__KAFKA__BROKERS", brokers())
