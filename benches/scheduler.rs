@@ -14,7 +14,7 @@ use pushpace::worker::scheduler::{CampaignSettings, IncomingJob, Scheduler, Sche
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 struct Counting;
@@ -75,24 +75,13 @@ fn load(s: &mut Scheduler, round: usize) {
             payload.clone(),
         )
         .unwrap();
+        let settings = CampaignSettings::active(
+            &format!("c{c}"),
+            Rate::per_second(RATE).unwrap(),
+            Algorithm::Gcra,
+        );
         s.add_job(
-            IncomingJob {
-                job: Arc::new(job),
-                partition: (c % 8) as i32,
-                offset: round as i64,
-                already_done: 0,
-                settings: CampaignSettings {
-                    id: Arc::from(format!("c{c}").as_str()),
-                    rate: Rate::per_second(RATE).unwrap(),
-                    algorithm: Algorithm::Gcra,
-                    burst: 0,
-                    paused: false,
-                    limiter_scope: None,
-                },
-                skip_invalid: Vec::new(),
-                skip_capped: Vec::new(),
-                dispatched: Default::default(),
-            },
+            IncomingJob::fresh(job, (c % 8) as i32, round as i64, settings),
             0,
         );
     }

@@ -9,17 +9,20 @@
 //!   same jobs and does nothing else (in this process);
 //! - `null`: the worker with the null sender: sends/s, CPU seconds per million sends,
 //!   peak RSS, PostgreSQL statements per flush;
-//! - `http1`, `h2c`: the worker with the HTTP sender against a counting sink (its own
-//!   process), over HTTP/1.1 keep-alive and over HTTP/2 with prior knowledge;
+//! - `http1`, `http1-reqwest`, `h2c`: the worker with the HTTP sender against a counting
+//!   sink (its own process), over HTTP/1.1 keep-alive (hyper's connection API; reqwest's
+//!   client as the baseline) and over HTTP/2 with prior knowledge;
 //! - `backlog`: peak RSS while a slow campaign keeps a million devices waiting in Kafka,
 //!   and whether a fast campaign behind it still runs;
 //! - `pacing`: 100 campaigns whose rates sum to 100,000/s; the per-second counts in
 //!   `delivery_seconds` (the null sender counts a send in the second it happens) give
 //!   the distribution of |achieved − send_rate| / send_rate over campaign-seconds.
 //!
-//! Throughput is timed from the worker's `/metrics` (`sends_total`, published every
-//! 100 ms), polled every 20 ms: from the first sample that shows a send to the first that
-//! shows them all. Both ends lag by the same publishing delay, which mostly cancels.
+//! Throughput is timed from the worker's `/metrics` (`delivered_total`, which the
+//! scheduler publishes within 100 ms of a change), polled every 20 ms: from the first
+//! sample that shows a send to the first that shows them all. Both ends lag by the same
+//! publishing delay, which mostly cancels. Each phase's send curve is written to
+//! `<out-dir>/<run>-<phase>-sends.csv`.
 
 use crate::config::Settings;
 use crate::job;
@@ -69,16 +72,19 @@ pub enum Phase {
     Consumer,
     Null,
     Http1,
+    /// HTTP/1.1 through reqwest: the baseline for `http1`, in the same run.
+    Http1Reqwest,
     H2c,
     Backlog,
     Pacing,
 }
 
 impl Phase {
-    const ALL: [Phase; 6] = [
+    const ALL: [Phase; 7] = [
         Phase::Consumer,
         Phase::Null,
         Phase::Http1,
+        Phase::Http1Reqwest,
         Phase::H2c,
         Phase::Backlog,
         Phase::Pacing,
@@ -89,6 +95,7 @@ impl Phase {
             Phase::Consumer => "consumer",
             Phase::Null => "null",
             Phase::Http1 => "http1",
+            Phase::Http1Reqwest => "http1-reqwest",
             Phase::H2c => "h2c",
             Phase::Backlog => "backlog",
             Phase::Pacing => "pacing",
@@ -166,6 +173,8 @@ pub struct BenchReport {
     pub phases: Vec<PhaseResult>,
     pub pacing: Option<PacingResult>,
     pub null_over_consumer: Option<f64>,
+    /// `http1` (hyper connections) over `http1-reqwest`, sends per second.
+    pub http1_over_reqwest: Option<f64>,
 }
 
 /// Runs the harness; prints the table and returns the report.
@@ -193,9 +202,12 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
     };
     let mut databases = Vec::new();
 
-    let throughput = phases
-        .iter()
-        .any(|p| matches!(p, Phase::Consumer | Phase::Null | Phase::Http1 | Phase::H2c));
+    let throughput = phases.iter().any(|p| {
+        matches!(
+            p,
+            Phase::Consumer | Phase::Null | Phase::Http1 | Phase::Http1Reqwest | Phase::H2c
+        )
+    });
     let mut plan = None;
     if throughput {
         let per_campaign = args.devices.div_ceil(args.campaigns.max(1));
@@ -218,9 +230,9 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
                 let (topic, p) = plan.as_ref().expect("produced above");
                 ctx.plain_consumer(topic, p).await?
             }
-            Phase::Null | Phase::Http1 | Phase::H2c => {
+            Phase::Null | Phase::Http1 | Phase::Http1Reqwest | Phase::H2c => {
                 let (topic, p) = plan.as_ref().expect("produced above");
-                let db = ctx.database(phase.name());
+                let db = ctx.database(&phase.name().replace('-', "_"));
                 databases.push(db.clone());
                 ctx.worker_throughput(phase, topic, p, &db).await?
             }
@@ -252,6 +264,9 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
     if let (Some(null), Some(plain)) = (rate_of("null"), rate_of("consumer")) {
         report.null_over_consumer = Some(null / plain);
     }
+    if let (Some(lean), Some(baseline)) = (rate_of("http1"), rate_of("http1-reqwest")) {
+        report.http1_over_reqwest = Some(lean / baseline);
+    }
     if !args.keep {
         ctx.clean_up(&databases).await;
     }
@@ -276,7 +291,7 @@ fn one_line(r: &PhaseResult) -> String {
 pub fn render_table(report: &BenchReport) -> String {
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
     let mut out = format!(
-        "\npushpace bench {} ({} cores)\n{:<9} {:>10} {:>8} {:>12} {:>12} {:>9} {:>11}  note\n",
+        "\npushpace bench {} ({} cores)\n{:<13} {:>10} {:>8} {:>12} {:>12} {:>9} {:>11}  note\n",
         report.run_id,
         report.cores,
         "phase",
@@ -289,7 +304,7 @@ pub fn render_table(report: &BenchReport) -> String {
     );
     for r in &report.phases {
         out.push_str(&format!(
-            "{:<9} {:>10} {:>8.2} {:>12.0} {:>12} {:>9} {:>11}  {}\n",
+            "{:<13} {:>10} {:>8.2} {:>12.0} {:>12} {:>9} {:>11}  {}\n",
             r.phase,
             r.devices,
             r.seconds,
@@ -303,6 +318,11 @@ pub fn render_table(report: &BenchReport) -> String {
     if let Some(ratio) = report.null_over_consumer {
         out.push_str(&format!(
             "null sender / plain consumer: {ratio:.2}× the device rate\n"
+        ));
+    }
+    if let Some(ratio) = report.http1_over_reqwest {
+        out.push_str(&format!(
+            "http1 (hyper connections) / http1-reqwest: {ratio:.2}× the send rate\n"
         ));
     }
     if let Some(p) = &report.pacing {
@@ -332,6 +352,8 @@ struct WorkerProcess {
     child: Child,
     metrics_url: String,
     http: reqwest::Client,
+    /// Where `time_until` writes the send curve (CSV).
+    curve_path: PathBuf,
 }
 
 /// One poll of a worker process.
@@ -343,6 +365,8 @@ struct Sample {
     flushes: f64,
     statements: f64,
     parked: f64,
+    buffered_devices: f64,
+    paused_partitions: f64,
 }
 
 impl Ctx {
@@ -474,6 +498,9 @@ impl Ctx {
         let child = cmd.spawn()?;
         let w = WorkerProcess {
             child,
+            curve_path: self
+                .out_dir
+                .join(format!("{}-{phase}-sends.csv", self.run_id)),
             metrics_url: format!("http://127.0.0.1:{port}/metrics"),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
@@ -535,6 +562,12 @@ impl Ctx {
                     "PUSHPACE__SENDER__HTTP2_PRIOR_KNOWLEDGE",
                     (phase == Phase::H2c).to_string(),
                 ));
+                let client = if phase == Phase::Http1Reqwest {
+                    "reqwest"
+                } else {
+                    "hyper"
+                };
+                extra.push(("PUSHPACE__SENDER__HTTP1_CLIENT", client.into()));
             }
         }
         let total = plan.total_devices() as u64;
@@ -556,7 +589,12 @@ impl Ctx {
         let (secs, sent, cpu) = timed?;
         let mut note = match phase {
             Phase::Null => "null sender".to_string(),
-            Phase::Http1 => "HTTP/1.1 keep-alive to a loopback sink process".to_string(),
+            Phase::Http1 => {
+                "HTTP/1.1 keep-alive (hyper connections) to a loopback sink process".to_string()
+            }
+            Phase::Http1Reqwest => {
+                "HTTP/1.1 keep-alive (reqwest, the baseline) to a loopback sink process".to_string()
+            }
             _ => "HTTP/2 (h2c) to a loopback sink process".to_string(),
         };
         if let Some(n) = sink_requests {
@@ -761,6 +799,10 @@ impl WorkerProcess {
                 s.statements = metric_value(line);
             } else if line.starts_with("parked_jobs ") {
                 s.parked = metric_value(line);
+            } else if line.starts_with("buffered_devices ") {
+                s.buffered_devices = metric_value(line);
+            } else if line.starts_with("paused_partitions ") {
+                s.paused_partitions = metric_value(line);
             }
         }
         Ok(s)
@@ -776,6 +818,11 @@ impl WorkerProcess {
         let deadline = Instant::now() + limit;
         let mut first: Option<Sample> = None;
         let mut last = Sample::default();
+        // The send curve, for telling a slow start or tail from a slow middle.
+        let started = Instant::now();
+        let mut curve = String::from(
+            "seconds,sends,cpu_seconds,buffered_devices,parked_jobs,paused_partitions\n",
+        );
         let bar = progress_bar(total, phase);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
@@ -787,6 +834,13 @@ impl WorkerProcess {
             }
             if let Ok(s) = self.sample().await {
                 bar.set_position(s.sends);
+                if let Some(at) = s.at {
+                    let t = (at - started).as_secs_f64();
+                    curve.push_str(&format!(
+                        "{t:.3},{},{:.3},{},{},{}\n",
+                        s.sends, s.cpu_s, s.buffered_devices, s.parked, s.paused_partitions
+                    ));
+                }
                 if s.sends > 0 && first.is_none() {
                     first = Some(s);
                 }
@@ -798,6 +852,9 @@ impl WorkerProcess {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         bar.finish_and_clear();
+        if let Err(e) = std::fs::write(&self.curve_path, &curve) {
+            tracing::warn!(error = %e, "cannot write the send curve");
+        }
         let Some(first) = first.filter(|_| last.sends >= total) else {
             return Err(phase_err(
                 phase,

@@ -28,12 +28,20 @@ const EMBEDDED_PRODUCTION: &str = include_str!("../config/production.toml");
 pub enum ConfigError {
     #[error("{key}: {reason}")]
     Invalid { key: &'static str, reason: String },
+    /// The loader's message already says everything; not also a `source`, so that
+    /// `{:#}` does not print it twice.
     #[error("configuration: {0}")]
-    Load(#[from] config::ConfigError),
+    Load(config::ConfigError),
     #[error("--set {0:?}: expected section.key=value")]
     BadOverride(String),
     #[error("environment {env:?}: no file {path} and no embedded default")]
     UnknownEnvironment { env: String, path: PathBuf },
+}
+
+impl From<config::ConfigError> for ConfigError {
+    fn from(e: config::ConfigError) -> Self {
+        ConfigError::Load(e)
+    }
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -396,6 +404,8 @@ pub struct SenderSettings {
     pub http2_prior_knowledge: bool,
     /// h2c connections; each carries many sends at once.
     pub http2_connections: usize,
+    /// The HTTP/1.1 client for an `http://` URL: `hyper` (lean) or `reqwest`.
+    pub http1_client: crate::sender::Http1Client,
 }
 
 #[derive(Clone, Deserialize)]
@@ -720,6 +730,10 @@ mod tests {
         assert!(e.to_string().starts_with("worker.quantum_max_ms"), "{e}");
         let e = load(&[], &["limiter.algorithm=magic"]).unwrap_err();
         assert!(e.to_string().contains("magic"), "{e}");
+        let e = load(&[("PUSHPACE__SENDER__HTTP1_CLIENT", "curl")], &[]).unwrap_err();
+        let chain = format!("{:#}", anyhow::Error::from(e));
+        assert!(chain.contains("sender.http1_client"), "{chain}");
+        assert_eq!(chain.matches("curl").count(), 1, "said once: {chain}");
         let e = load(&[("PUSHPACE_ENV", "nowhere")], &[]).unwrap_err();
         assert!(e.to_string().contains("nowhere"), "{e}");
     }

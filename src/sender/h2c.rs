@@ -15,15 +15,15 @@
 //! before its request left is tried once on a new one; a send that may have reached the
 //! provider is never repeated here (the scheduler decides about retries).
 
-use super::http::{classify_status, snippet_text, SNIPPET_BYTES, USER_AGENT};
+use super::http::{connect_tcp, Snippet, USER_AGENT};
 use super::SendOutcome;
 use bytes::Bytes;
 use h2::client::SendRequest;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, USER_AGENT as USER_AGENT_HEADER};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, USER_AGENT as USER_AGENT_HEADER};
 use http::{HeaderValue, Method, Request, Uri};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Connections per sender. Two let a provider (or the loopback sink) serve them on two
 /// cores; more only add handshakes, since each carries as many streams as the provider
@@ -81,23 +81,8 @@ impl H2cPool {
             .count()
     }
 
-    /// One POST of `body`, bounded by `timeout` as a whole.
-    pub(super) async fn send(
-        self: Arc<Self>,
-        body: Bytes,
-        key: HeaderValue,
-        timeout: Duration,
-    ) -> SendOutcome {
-        match tokio::time::timeout(timeout, self.exchange(body, key)).await {
-            Ok(outcome) => outcome,
-            Err(_) => SendOutcome::Retry {
-                after: None,
-                reason: format!("timeout after {} ms", timeout.as_millis()),
-            },
-        }
-    }
-
-    async fn exchange(self: &Arc<Self>, body: Bytes, key: HeaderValue) -> SendOutcome {
+    /// One POST of `body` (the caller bounds it by the send timeout).
+    pub(super) async fn exchange(self: Arc<Self>, body: Bytes, key: HeaderValue) -> SendOutcome {
         let slot = self.next.fetch_add(1, Relaxed) % self.slots.len();
         let mut tries = 0;
         let response = loop {
@@ -192,19 +177,7 @@ impl H2cPool {
 
     /// A new connection for `slot`, its generation, and a task driving it.
     async fn connect(self: &Arc<Self>, slot: usize) -> Result<(u64, SendRequest<Bytes>), String> {
-        let tcp = tokio::time::timeout(
-            self.connect_timeout,
-            tokio::net::TcpStream::connect(self.address.as_str()),
-        )
-        .await
-        .map_err(|_| {
-            format!(
-                "connect timeout after {} ms",
-                self.connect_timeout.as_millis()
-            )
-        })?
-        .map_err(|e| e.to_string())?;
-        let _ = tcp.set_nodelay(true);
+        let tcp = connect_tcp(&self.address, self.connect_timeout).await?;
         let (handle, connection) = tokio::time::timeout(
             self.connect_timeout,
             h2::client::Builder::new().enable_push(false).handshake(tcp),
@@ -231,28 +204,16 @@ impl H2cPool {
 async fn read_response(response: http::Response<h2::RecvStream>) -> SendOutcome {
     let (head, mut body) = response.into_parts();
     let success = head.status.is_success();
-    let mut snippet = Vec::new();
-    let mut longer = false;
+    let mut snippet = Snippet::default();
     while let Some(chunk) = body.data().await {
         let Ok(chunk) = chunk else { break };
         let _ = body.flow_control().release_capacity(chunk.len());
         if !success {
-            let room = SNIPPET_BYTES.saturating_sub(snippet.len());
-            snippet.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            longer |= chunk.len() > room;
+            snippet.push(&chunk);
         }
     }
     if success {
         return SendOutcome::Delivered;
     }
-    let retry_after = head
-        .headers
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| super::parse_retry_after(v, SystemTime::now()));
-    classify_status(
-        head.status.as_u16(),
-        retry_after,
-        snippet_text(&snippet, longer),
-    )
+    snippet.outcome(head.status.as_u16(), &head.headers)
 }

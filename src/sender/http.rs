@@ -1,8 +1,12 @@
-//! The HTTP provider sender: one POST per device, over reqwest's keep-alive pool
-//! (HTTP/1.1, or HTTP/2 when TLS negotiates it), or over a few multiplexed h2c
-//! connections ([`super::h2c`]) with `http2_prior_knowledge` on an `http://` URL.
+//! The HTTP provider sender: one POST per device. The transport follows the URL:
+//! - `http://`: keep-alive HTTP/1.1 connections on hyper's connection API
+//!   ([`super::http1`]), or reqwest's pool with [`Http1Client::Reqwest`];
+//! - `http://` with `http2_prior_knowledge`: a few multiplexed h2c connections
+//!   ([`super::h2c`]);
+//! - `https://`: reqwest (rustls), HTTP/2 when TLS negotiates it, else HTTP/1.1.
 
 use super::h2c::H2cPool;
+use super::http1::Http1Pool;
 use super::retry::parse_retry_after;
 use super::{no_such_device, SendFuture, SendOutcome, Sender, SenderError};
 use crate::job::{write_json_str, Job};
@@ -11,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How much of an error response's body goes into the reason.
-pub(super) const SNIPPET_BYTES: usize = 200;
+const SNIPPET_BYTES: usize = 200;
 pub(super) const USER_AGENT: &str = concat!("pushpace/", env!("CARGO_PKG_VERSION"));
 /// Longest reason text built from a transport error chain.
 const MAX_REASON_CHARS: usize = 300;
@@ -35,6 +39,19 @@ pub struct HttpSenderConfig {
     /// Connections for h2c (`http2_prior_knowledge` on an `http://` URL); each carries
     /// many sends at once.
     pub http2_connections: usize,
+    /// The client for HTTP/1.1 to an `http://` URL.
+    pub http1_client: Http1Client,
+}
+
+/// Which client speaks HTTP/1.1 to a plain-text (`http://`) provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Http1Client {
+    /// hyper's connection API with a lock-free pool of our own (the lean one).
+    #[default]
+    Hyper,
+    /// reqwest's pool, as used for `https://`.
+    Reqwest,
 }
 
 impl HttpSenderConfig {
@@ -48,6 +65,7 @@ impl HttpSenderConfig {
             pool_max_idle_per_host: 1024,
             http2_prior_knowledge: false,
             http2_connections: super::h2c::DEFAULT_CONNECTIONS,
+            http1_client: Http1Client::Hyper,
         }
     }
 }
@@ -64,7 +82,18 @@ pub struct HttpSender {
 #[derive(Clone)]
 enum Transport {
     Reqwest(reqwest::Client),
+    Http1(Arc<Http1Pool>),
     H2c(Arc<H2cPool>),
+}
+
+impl Transport {
+    fn name(&self) -> &'static str {
+        match self {
+            Transport::Reqwest(_) => "reqwest",
+            Transport::Http1(_) => "http1",
+            Transport::H2c(_) => "h2c",
+        }
+    }
 }
 
 impl std::fmt::Debug for HttpSender {
@@ -76,13 +105,7 @@ impl std::fmt::Debug for HttpSender {
             .field("port", &self.url.port_or_known_default())
             .field("path", &self.url.path())
             .field("timeout", &self.timeout)
-            .field(
-                "transport",
-                &match self.transport {
-                    Transport::Reqwest(_) => "reqwest",
-                    Transport::H2c(_) => "h2c",
-                },
-            )
+            .field("transport", &self.transport.name())
             .finish()
     }
 }
@@ -100,15 +123,38 @@ impl HttpSender {
         if url.host_str().is_none() {
             return Err(invalid("the url has no host"));
         }
-        if config.http2_prior_knowledge && url.scheme() == "http" {
+        // Only reqwest sends a URL's user and password (as basic auth).
+        let credentials = !url.username().is_empty() || url.password().is_some();
+        let plain = url.scheme() == "http";
+        if plain && config.http2_prior_knowledge && credentials {
+            return Err(invalid(
+                "h2c does not send credentials from the url; remove them or use http/1.1",
+            ));
+        }
+        let lean_http1 = config.http1_client == Http1Client::Hyper && !credentials;
+        if plain && (config.http2_prior_knowledge || lean_http1) {
             let uri: http::Uri = url
                 .as_str()
                 .parse()
                 .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
-            let pool = H2cPool::new(uri, config.connect_timeout, config.http2_connections)
-                .ok_or_else(|| invalid("the url has no host"))?;
+            let transport = if config.http2_prior_knowledge {
+                let pool = H2cPool::new(uri, config.connect_timeout, config.http2_connections);
+                Transport::H2c(Arc::new(
+                    pool.ok_or_else(|| invalid("the url has no host"))?,
+                ))
+            } else {
+                let pool = Http1Pool::new(
+                    &uri,
+                    config.connect_timeout,
+                    config.pool_idle_timeout,
+                    config.pool_max_idle_per_host,
+                );
+                Transport::Http1(Arc::new(
+                    pool.ok_or_else(|| invalid("the url has no host"))?,
+                ))
+            };
             return Ok(Self {
-                transport: Transport::H2c(Arc::new(pool)),
+                transport,
                 url: Arc::new(url),
                 timeout: config.timeout,
             });
@@ -136,12 +182,25 @@ impl HttpSender {
         })
     }
 
-    /// Open h2c connections (`None` for the reqwest transport).
+    /// Open h2c connections (`None` for the other transports).
     pub fn h2c_connections(&self) -> Option<usize> {
         match &self.transport {
             Transport::H2c(pool) => Some(pool.open_connections()),
-            Transport::Reqwest(_) => None,
+            _ => None,
         }
+    }
+
+    /// HTTP/1.1 connections waiting between sends (`None` unless the hyper transport).
+    pub fn idle_http1_connections(&self) -> Option<usize> {
+        match &self.transport {
+            Transport::Http1(pool) => Some(pool.idle_connections()),
+            _ => None,
+        }
+    }
+
+    /// `"http1"`, `"h2c"` or `"reqwest"`.
+    pub fn transport(&self) -> &'static str {
+        self.transport.name()
     }
 }
 
@@ -164,8 +223,13 @@ impl Sender for HttpSender {
         let timeout = self.timeout;
         let client = match &self.transport {
             Transport::Reqwest(client) => client,
+            Transport::Http1(pool) => {
+                let exchange = Arc::clone(pool).exchange(body.into(), key);
+                return SendFuture::boxed(bounded(timeout, exchange));
+            }
             Transport::H2c(pool) => {
-                return SendFuture::boxed(Arc::clone(pool).send(body.into(), key, timeout))
+                let exchange = Arc::clone(pool).exchange(body.into(), key);
+                return SendFuture::boxed(bounded(timeout, exchange));
             }
         };
         let request = client
@@ -213,22 +277,18 @@ async fn classify_response(mut response: reqwest::Response) -> SendOutcome {
         while let Ok(Some(_)) = response.chunk().await {}
         return SendOutcome::Delivered;
     }
-    let code = status.as_u16();
-    let retry_after = response
-        .headers()
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| parse_retry_after(v, SystemTime::now()));
-    let snippet = body_snippet(&mut response).await;
-    classify_status(code, retry_after, snippet)
+    let mut snippet = Snippet::default();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        snippet.push(&chunk);
+        if snippet.is_full() {
+            break;
+        }
+    }
+    snippet.outcome(status.as_u16(), response.headers())
 }
 
 /// The outcome of a non-2xx answer: 429 and 5xx are retried, any other status fails.
-pub(super) fn classify_status(
-    code: u16,
-    retry_after: Option<Duration>,
-    snippet: String,
-) -> SendOutcome {
+fn classify_status(code: u16, retry_after: Option<Duration>, snippet: String) -> SendOutcome {
     let reason = if snippet.is_empty() {
         format!("HTTP {code}")
     } else {
@@ -247,21 +307,66 @@ pub(super) fn classify_status(
     }
 }
 
-/// The first bytes of an error body, as printable text on one line.
-async fn body_snippet(response: &mut reqwest::Response) -> String {
-    let mut bytes = Vec::new();
-    while bytes.len() < SNIPPET_BYTES {
-        match response.chunk().await {
-            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
-            _ => break,
-        }
+/// Bounds a whole exchange by `timeout`; running out is a retry, like any timeout.
+async fn bounded(
+    timeout: Duration,
+    exchange: impl std::future::Future<Output = SendOutcome>,
+) -> SendOutcome {
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(outcome) => outcome,
+        Err(_) => SendOutcome::Retry {
+            after: None,
+            reason: format!("timeout after {} ms", timeout.as_millis()),
+        },
     }
-    let cut = bytes.len().min(SNIPPET_BYTES);
-    snippet_text(&bytes[..cut], bytes.len() > SNIPPET_BYTES)
+}
+
+/// A TCP connection to the provider within `timeout`, with Nagle off (every send is a
+/// small request waiting for its answer).
+pub(super) async fn connect_tcp(
+    address: &str,
+    timeout: Duration,
+) -> Result<tokio::net::TcpStream, String> {
+    let tcp = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address))
+        .await
+        .map_err(|_| format!("connect timeout after {} ms", timeout.as_millis()))?
+        .map_err(|e| e.to_string())?;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
+}
+
+/// The first [`SNIPPET_BYTES`] of an error body, collected chunk by chunk.
+#[derive(Default)]
+pub(super) struct Snippet {
+    bytes: Vec<u8>,
+    longer: bool,
+}
+
+impl Snippet {
+    /// No more bytes are kept (but whether more came is noted).
+    fn is_full(&self) -> bool {
+        self.longer || self.bytes.len() >= SNIPPET_BYTES
+    }
+
+    pub(super) fn push(&mut self, chunk: &[u8]) {
+        let room = SNIPPET_BYTES.saturating_sub(self.bytes.len());
+        self.bytes
+            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+        self.longer |= chunk.len() > room;
+    }
+
+    /// The outcome of a non-2xx answer with this body, honouring its Retry-After.
+    pub(super) fn outcome(&self, status: u16, headers: &http::HeaderMap) -> SendOutcome {
+        let retry_after = headers
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        classify_status(status, retry_after, snippet_text(&self.bytes, self.longer))
+    }
 }
 
 /// An error body's first bytes as printable text on one line; `…` when it went on.
-pub(super) fn snippet_text(bytes: &[u8], longer: bool) -> String {
+fn snippet_text(bytes: &[u8], longer: bool) -> String {
     let text = String::from_utf8_lossy(bytes);
     let mut out: String = text
         .chars()

@@ -11,10 +11,11 @@
 
 mod h2c;
 mod http;
+mod http1;
 mod null;
 mod retry;
 
-pub use http::{push_body, HttpSender, HttpSenderConfig};
+pub use http::{push_body, Http1Client, HttpSender, HttpSenderConfig};
 pub use null::NullSender;
 pub use retry::{backoff_ceiling, parse_retry_after, retry_delay, MAX_RETRY_AFTER};
 

@@ -58,6 +58,7 @@ pub fn build_sender(settings: &Settings) -> Result<AnySender, WorkerError> {
             c.timeout = Duration::from_millis(settings.sender.timeout_ms);
             c.http2_prior_knowledge = settings.sender.http2_prior_knowledge;
             c.http2_connections = settings.sender.http2_connections;
+            c.http1_client = settings.sender.http1_client;
             AnySender::Http(HttpSender::new(&c)?)
         }
     })

@@ -3,7 +3,9 @@
 //! request shape, keep-alive, h2c, and the sink's own accounting and control endpoints.
 
 use pushpace::job::Job;
-use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig, NullSender, SendOutcome, Sender};
+use pushpace::sender::{
+    AnySender, Http1Client, HttpSender, HttpSenderConfig, NullSender, SendOutcome, Sender,
+};
 use pushpace::sink::{
     Behaviour, BehaviourChange, RetryAfter, Sink, SinkConfig, SinkHandle, SinkSummary,
 };
@@ -29,15 +31,47 @@ async fn sink() -> SinkHandle {
     .unwrap()
 }
 
-/// The two transports of the HTTP sender: reqwest (HTTP/1.1 here) and the h2c client
-/// (`http2_prior_knowledge`); each behaviour test runs over both.
-const TRANSPORTS: [(&str, bool); 2] = [("HTTP/1.1", false), ("h2c", true)];
+/// One transport of the HTTP sender to a plain-text URL.
+#[derive(Debug, Clone, Copy)]
+struct Transport {
+    name: &'static str,
+    h2: bool,
+    client: Http1Client,
+}
+
+impl Transport {
+    fn apply(self, config: &mut HttpSenderConfig) {
+        config.http2_prior_knowledge = self.h2;
+        config.http1_client = self.client;
+    }
+}
+
+/// The HTTP sender's transports: HTTP/1.1 through hyper's connection API (the default)
+/// or reqwest, and the h2c client (`http2_prior_knowledge`); each behaviour test runs
+/// over all three.
+const TRANSPORTS: [Transport; 3] = [
+    Transport {
+        name: "HTTP/1.1 (hyper)",
+        h2: false,
+        client: Http1Client::Hyper,
+    },
+    Transport {
+        name: "HTTP/1.1 (reqwest)",
+        h2: false,
+        client: Http1Client::Reqwest,
+    },
+    Transport {
+        name: "h2c",
+        h2: true,
+        client: Http1Client::Hyper,
+    },
+];
 
 /// A fresh sink and a sender to it over one of [`TRANSPORTS`].
-async fn sink_and_sender(transport: &str, h2: bool) -> (SinkHandle, HttpSender) {
-    eprintln!("over {transport}");
+async fn sink_and_sender(transport: Transport) -> (SinkHandle, HttpSender) {
+    eprintln!("over {}", transport.name);
     let sink = sink().await;
-    let sender = sender_with(&sink, |c| c.http2_prior_knowledge = h2);
+    let sender = sender_with(&sink, |c| transport.apply(c));
     (sink, sender)
 }
 
@@ -50,8 +84,8 @@ fn sender_with(sink: &SinkHandle, tweak: impl FnOnce(&mut HttpSenderConfig)) -> 
 
 #[tokio::test]
 async fn delivers_with_the_exact_body_and_idempotency_key() {
-    for (transport, h2) in TRANSPORTS {
-        let (sink, sender) = sink_and_sender(transport, h2).await;
+    for transport in TRANSPORTS {
+        let (sink, sender) = sink_and_sender(transport).await;
         // Odd spacing, escapes and non-ASCII in the payload; a token that needs escaping.
         let payload = "{ \"title\" : \"Hi \\u00e9 \\\"q\\\"\",\n  \"n\":1.50e2 , \"z\":[ ] }";
         let token = "tok \"b\"\\\n\u{1}é";
@@ -80,8 +114,8 @@ async fn delivers_with_the_exact_body_and_idempotency_key() {
 
 #[tokio::test]
 async fn every_device_arrives_once_over_one_keep_alive_connection() {
-    for (transport, h2) in TRANSPORTS {
-        let (sink, sender) = sink_and_sender(transport, h2).await;
+    for transport in TRANSPORTS {
+        let (sink, sender) = sink_and_sender(transport).await;
         let tokens: Vec<String> = (0..50).map(|i| format!("tok-{i}")).collect();
         let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
         let job = job("j-keep", "c-keep", &refs, "{}");
@@ -90,7 +124,11 @@ async fn every_device_arrives_once_over_one_keep_alive_connection() {
         }
         // HTTP/1.1 reuses one kept-alive connection; h2c goes round-robin over its
         // connections and makes no more.
-        let connections = if h2 { DEFAULT_H2C_CONNECTIONS } else { 1 };
+        let connections = if transport.h2 {
+            DEFAULT_H2C_CONNECTIONS
+        } else {
+            1
+        };
         assert_eq!(
             sink.connections(),
             connections as u64,
@@ -121,8 +159,8 @@ async fn every_device_arrives_once_over_one_keep_alive_connection() {
 
 #[tokio::test]
 async fn concurrent_sends_all_arrive() {
-    for (transport, h2) in TRANSPORTS {
-        let (sink, sender) = sink_and_sender(transport, h2).await;
+    for transport in TRANSPORTS {
+        let (sink, sender) = sink_and_sender(transport).await;
         let tokens: Vec<String> = (0..200).map(|i| format!("t{i}")).collect();
         let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
         let job = job("j-conc", "c-conc", &refs, r#"{"a":1}"#);
@@ -148,8 +186,8 @@ async fn concurrent_sends_all_arrive() {
 
 #[tokio::test]
 async fn too_many_requests_is_retried_after_the_given_seconds() {
-    for (transport, h2) in TRANSPORTS {
-        let (sink, sender) = sink_and_sender(transport, h2).await;
+    for transport in TRANSPORTS {
+        let (sink, sender) = sink_and_sender(transport).await;
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::TooManyRequests {
             retry_after: Some(RetryAfter::Seconds(7)),
@@ -174,8 +212,8 @@ async fn too_many_requests_is_retried_after_the_given_seconds() {
 
 #[tokio::test]
 async fn too_many_requests_with_an_http_date_is_honoured() {
-    for (transport, h2) in TRANSPORTS {
-        let (sink, sender) = sink_and_sender(transport, h2).await;
+    for transport in TRANSPORTS {
+        let (sink, sender) = sink_and_sender(transport).await;
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::TooManyRequests {
             retry_after: Some(RetryAfter::DateIn(30)),
@@ -197,8 +235,8 @@ async fn too_many_requests_with_an_http_date_is_honoured() {
 
 #[tokio::test]
 async fn server_errors_are_retried() {
-    for (transport, h2) in TRANSPORTS {
-        let (sink, sender) = sink_and_sender(transport, h2).await;
+    for transport in TRANSPORTS {
+        let (sink, sender) = sink_and_sender(transport).await;
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::ServerError);
         match sender.send(&job, 0).await {
@@ -216,8 +254,8 @@ async fn server_errors_are_retried() {
 
 #[tokio::test]
 async fn gone_tokens_fail_for_good_with_status_and_reason() {
-    for (transport, h2) in TRANSPORTS {
-        let (sink, sender) = sink_and_sender(transport, h2).await;
+    for transport in TRANSPORTS {
+        let (sink, sender) = sink_and_sender(transport).await;
         sink.set_gone_prefix(Some("dead-"));
         let job = job("j", "c", &["live-1", "dead-1"], "{}");
         assert_eq!(sender.send(&job, 0).await, SendOutcome::Delivered);
@@ -236,12 +274,12 @@ async fn gone_tokens_fail_for_good_with_status_and_reason() {
 
 #[tokio::test]
 async fn a_slow_provider_times_out_and_is_retried() {
-    for (transport, h2) in TRANSPORTS {
-        eprintln!("over {transport}");
+    for transport in TRANSPORTS {
+        eprintln!("over {}", transport.name);
         let sink = sink().await;
         let sender = sender_with(&sink, |c| {
             c.timeout = Duration::from_millis(300);
-            c.http2_prior_knowledge = h2;
+            transport.apply(c);
         });
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::Slow { delay_ms: 3_000 });
@@ -267,8 +305,8 @@ async fn a_slow_provider_times_out_and_is_retried() {
 
 #[tokio::test]
 async fn a_dropped_connection_is_retried() {
-    for (transport, h2) in TRANSPORTS {
-        let (sink, sender) = sink_and_sender(transport, h2).await;
+    for transport in TRANSPORTS {
+        let (sink, sender) = sink_and_sender(transport).await;
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::Reset);
         match sender.send(&job, 0).await {
@@ -297,9 +335,9 @@ async fn a_refused_connection_is_retried() {
         .local_addr()
         .unwrap()
         .port();
-    for (transport, h2) in TRANSPORTS {
+    for transport in TRANSPORTS {
         let mut config = HttpSenderConfig::new(format!("http://127.0.0.1:{port}/push"));
-        config.http2_prior_knowledge = h2;
+        transport.apply(&mut config);
         let sender = HttpSender::new(&config).unwrap();
         let job = job("j", "c", &["t"], "{}");
         match sender.send(&job, 0).await {
@@ -308,17 +346,18 @@ async fn a_refused_connection_is_retried() {
                 reason,
             } => assert!(
                 reason.starts_with("connection error"),
-                "{transport}: {reason}"
+                "{}: {reason}",
+                transport.name
             ),
-            other => panic!("{transport}: {other:?}"),
+            other => panic!("{}: {other:?}", transport.name),
         }
     }
 }
 
 #[tokio::test]
 async fn behaviour_for_a_number_of_requests_then_back_to_normal() {
-    for (transport, h2) in TRANSPORTS {
-        let (sink, sender) = sink_and_sender(transport, h2).await;
+    for transport in TRANSPORTS {
+        let (sink, sender) = sink_and_sender(transport).await;
         let job = job("j", "c", &["a", "b", "c"], "{}");
         sink.set_behaviour_for(Behaviour::ServerError, 2);
         assert!(matches!(
@@ -350,6 +389,121 @@ async fn h2c_with_prior_knowledge() {
     assert_eq!(sink.connections(), DEFAULT_H2C_CONNECTIONS as u64);
     assert_eq!(sender.h2c_connections(), Some(DEFAULT_H2C_CONNECTIONS));
     assert_eq!(sink.campaign("c-h2").unwrap().distinct_delivered, 20);
+}
+
+/// The lean HTTP/1.1 client with `max_idle` idle connections and `idle` idle time.
+fn http1_sender(url: String, max_idle: usize, idle: Duration) -> HttpSender {
+    let mut config = HttpSenderConfig::new(url);
+    config.pool_max_idle_per_host = max_idle;
+    config.pool_idle_timeout = idle;
+    let sender = HttpSender::new(&config).unwrap();
+    assert_eq!(sender.transport(), "http1");
+    sender
+}
+
+#[tokio::test]
+async fn http1_keeps_at_most_max_idle_connections_between_sends() {
+    let sink = sink().await;
+    let sender = http1_sender(sink.url(), 8, Duration::from_secs(90));
+    let tokens: Vec<String> = (0..50).map(|i| format!("t{i}")).collect();
+    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let job = job("j-idle", "c-idle", &refs, "{}");
+    let all = || futures::future::join_all((0..50).map(|i| sender.send(&job, i)));
+    assert!(all().await.iter().all(SendOutcome::is_delivered));
+    // One connection per send in flight; only eight wait for the next sends.
+    let first = sink.connections();
+    assert!(first > 8, "{first} connections for 50 concurrent sends");
+    assert_eq!(sender.idle_http1_connections(), Some(8));
+    // The next burst reuses the eight and opens the rest anew.
+    assert!(all().await.iter().all(SendOutcome::is_delivered));
+    assert!(
+        sink.connections() <= first + 42,
+        "{} after {first}",
+        sink.connections()
+    );
+    assert_eq!(sender.idle_http1_connections(), Some(8));
+    assert_eq!(sink.campaign("c-idle").unwrap().delivered, 100);
+}
+
+#[tokio::test]
+async fn http1_does_not_reuse_a_connection_past_its_idle_time() {
+    let sink = sink().await;
+    let sender = http1_sender(sink.url(), 8, Duration::from_millis(100));
+    let job = job("j", "c", &["a", "b", "c"], "{}");
+    assert_eq!(sender.send(&job, 0).await, SendOutcome::Delivered);
+    assert_eq!(sender.send(&job, 1).await, SendOutcome::Delivered);
+    assert_eq!(sink.connections(), 1, "kept alive within its idle time");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(sender.send(&job, 2).await, SendOutcome::Delivered);
+    assert_eq!(sink.connections(), 2, "a new one after the idle time");
+}
+
+/// A provider that answers one request per connection and then closes it, without
+/// saying so in a `Connection: close` header: the keep-alive race of every HTTP/1.1
+/// client. Returns its URL and the count of connections it accepted.
+async fn closing_provider() -> (String, Arc<std::sync::atomic::AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/push", listener.local_addr().unwrap());
+    let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                // Head and the (small) body arrive together; wait for the body's end.
+                while !request.ends_with(b"}") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+                // Closed a moment after the answer, so that it is closed while idle.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            });
+        }
+    });
+    (url, accepted)
+}
+
+#[tokio::test]
+async fn http1_replaces_a_connection_the_provider_closed_without_a_failed_send() {
+    let (url, accepted) = closing_provider().await;
+    let sender = http1_sender(url, 8, Duration::from_secs(90));
+    let job = job("j", "c", &["a", "b", "c", "d", "e"], "{}");
+    for i in 0..5 {
+        assert_eq!(
+            sender.send(&job, i).await,
+            SendOutcome::Delivered,
+            "send {i}"
+        );
+        // Time for the close to arrive, as between the sends of a slow campaign.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::Relaxed),
+        5,
+        "one connection per send, none reused after the provider closed it"
+    );
+}
+
+#[test]
+fn http1_url_credentials_go_through_reqwest_and_h2c_refuses_them() {
+    let config = HttpSenderConfig::new("http://user:secret@127.0.0.1:9/push");
+    assert_eq!(HttpSender::new(&config).unwrap().transport(), "reqwest");
+    let mut h2c = config.clone();
+    h2c.http2_prior_knowledge = true;
+    let e = HttpSender::new(&h2c).unwrap_err().to_string();
+    assert!(e.contains("credentials"), "{e}");
+    assert!(
+        !e.contains("secret"),
+        "the password stays out of errors: {e}"
+    );
 }
 
 #[tokio::test]
