@@ -44,6 +44,18 @@ impl From<config::ConfigError> for ConfigError {
     }
 }
 
+/// Reads a unit enum from its name with serde's own message for a wrong one, which lists
+/// the accepted names; the loader's message names only the wrong one.
+fn by_name<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::de::{value::StrDeserializer, Error};
+    let name = String::deserialize(d)?;
+    T::deserialize(StrDeserializer::<serde::de::value::Error>::new(&name)).map_err(D::Error::custom)
+}
+
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key,
@@ -116,6 +128,7 @@ pub struct CappingSettings {
     pub window: u64,
     /// Distinct devices expected per window: sizes the sketches (local scope only).
     pub expected_devices: u64,
+    #[serde(deserialize_with = "by_name")]
     pub scope: CappingScope,
 }
 
@@ -164,7 +177,8 @@ impl IsolationLevel {
 pub enum AssignmentStrategy {
     /// Eager: every rebalance revokes every member's partitions, then assigns them all.
     Range,
-    /// Eager, round-robin over the members.
+    /// Eager, round-robin over the members (librdkafka's name, as documented).
+    #[serde(rename = "roundrobin")]
     RoundRobin,
     /// Incremental: a rebalance revokes only the partitions that move, so the members
     /// that keep theirs go on sending through it.
@@ -190,9 +204,11 @@ pub struct KafkaSettings {
     pub group_id: String,
     pub dead_letter_topic: String,
     pub partitions: i32,
+    #[serde(deserialize_with = "by_name")]
     pub isolation_level: IsolationLevel,
     pub commit_interval_ms: u64,
     pub session_timeout_ms: u64,
+    #[serde(deserialize_with = "by_name")]
     pub assignment_strategy: AssignmentStrategy,
 }
 
@@ -265,6 +281,7 @@ pub struct WorkerSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimiterSettings {
+    #[serde(deserialize_with = "by_name")]
     pub algorithm: Algorithm,
     pub burst: u32,
     /// The rate of a campaign whose first job names none.
@@ -272,6 +289,7 @@ pub struct LimiterSettings {
     /// A cap over all campaigns of this worker; 0 disables it.
     pub global_rate: f64,
     /// Where a campaign's rate is enforced: this process alone, or shared through Redis.
+    #[serde(deserialize_with = "by_name")]
     pub scope: LimiterScope,
     /// Workers sharing a campaign, for lease sizes and the Redis-down fallback rate.
     pub workers_estimate: u32,
@@ -337,6 +355,7 @@ pub enum RedisAlgorithm {
 pub struct RedisSettings {
     pub url: SecretString,
     pub connect_timeout_ms: u64,
+    #[serde(deserialize_with = "by_name")]
     pub algorithm: RedisAlgorithm,
     /// The slice a lease covers: each lease holds about rate × slice / workers permits.
     pub lease_ms: u64,
@@ -389,6 +408,7 @@ pub enum SenderKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SenderSettings {
+    #[serde(deserialize_with = "by_name")]
     pub kind: SenderKind,
     pub url: String,
     pub timeout_ms: u64,
@@ -405,6 +425,7 @@ pub struct SenderSettings {
     /// h2c connections; each carries many sends at once.
     pub http2_connections: usize,
     /// The HTTP/1.1 client for an `http://` URL: `hyper` (lean) or `reqwest`.
+    #[serde(deserialize_with = "by_name")]
     pub http1_client: crate::sender::Http1Client,
 }
 
@@ -721,6 +742,26 @@ mod tests {
     }
 
     #[test]
+    fn enum_keys_take_the_documented_names() {
+        for name in ["range", "roundrobin", "cooperative-sticky"] {
+            let s = load(&[], &[&format!("kafka.assignment_strategy={name}")]).unwrap();
+            assert_eq!(s.kafka.assignment_strategy.as_str(), name);
+        }
+        for name in ["read_committed", "read_uncommitted"] {
+            let s = load(&[], &[&format!("kafka.isolation_level={name}")]).unwrap();
+            assert_eq!(s.kafka.isolation_level.as_str(), name);
+        }
+        for scope in LimiterScope::ALL {
+            let s = load(&[], &[&format!("limiter.scope={}", scope.as_str())]).unwrap();
+            assert_eq!(s.limiter.scope, scope);
+        }
+        for a in Algorithm::ALL {
+            let s = load(&[], &[&format!("limiter.algorithm={}", a.as_str())]).unwrap();
+            assert_eq!(s.limiter.algorithm, a);
+        }
+    }
+
+    #[test]
     fn invalid_values_name_the_key() {
         let e = load(&[("PUSHPACE__KAFKA__TOPIC", " ")], &[]).unwrap_err();
         assert_eq!(e.to_string(), "kafka.topic: must not be empty");
@@ -734,6 +775,19 @@ mod tests {
         let chain = format!("{:#}", anyhow::Error::from(e));
         assert!(chain.contains("sender.http1_client"), "{chain}");
         assert_eq!(chain.matches("curl").count(), 1, "said once: {chain}");
+        assert!(
+            chain.contains("`hyper` or `reqwest`"),
+            "lists the names: {chain}"
+        );
+        let e = load(&[], &["kafka.assignment_strategy=sticky"]).unwrap_err();
+        let text = e.to_string();
+        for name in [
+            "kafka.assignment_strategy",
+            "sticky",
+            "`cooperative-sticky`",
+        ] {
+            assert!(text.contains(name), "{name}: {text}");
+        }
         let e = load(&[("PUSHPACE_ENV", "nowhere")], &[]).unwrap_err();
         assert!(e.to_string().contains("nowhere"), "{e}");
     }

@@ -431,6 +431,16 @@ impl RateLimiter for LeasedLimiter {
         lock(&self.shared.state).rate
     }
 
+    /// [`CATCH_UP`] while slots are spent at their own times; shaped leases follow the
+    /// campaign's own limiter, and the fallback is local.
+    fn catch_up(&self) -> Nanos {
+        if self.shared.own.is_none() && !self.on_fallback() {
+            CATCH_UP
+        } else {
+            0
+        }
+    }
+
     fn name(&self) -> &'static str {
         "redis-leased"
     }

@@ -197,6 +197,10 @@ impl RateLimiter for CampaignLimiter {
         self.own.rate()
     }
 
+    fn catch_up(&self) -> Nanos {
+        self.own.catch_up()
+    }
+
     fn name(&self) -> &'static str {
         "hierarchical"
     }

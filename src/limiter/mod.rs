@@ -77,6 +77,15 @@ pub trait RateLimiter: Send + Sync {
     /// The algorithm's name, as accepted by [`Algorithm::from_str`](std::str::FromStr).
     fn name(&self) -> &'static str;
 
+    /// How long after their time this limiter still grants permits by itself: asked as of
+    /// `now`, it may grant those due since `now − catch_up()`. 0 for the algorithms here
+    /// (beyond their burst, time not asked for is gone); Redis leases spend a slot up to
+    /// their catch-up late. A caller that makes up its own lateness counts this in, so
+    /// that the two do not add up.
+    fn catch_up(&self) -> Nanos {
+        0
+    }
+
     /// Takes as many permits as are available at `now`, up to `max`: the scheduler's way
     /// to fill a whole time slice with one call. Callable on `dyn RateLimiter`; every
     /// algorithm here overrides the one-by-one default with a single-step version.

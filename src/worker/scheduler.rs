@@ -17,14 +17,17 @@
 //! instant its limiter named. A late turn asks the limiter as of that instant (and of
 //! each following one up to now), so lateness is not lost from the rate: sends keep the
 //! limiter's schedule, shifted by the wake-up delay. Of a longer stall (a process that
-//! got no CPU), only the last `quantum_min` is made up: a stall never turns into a burst
-//! larger than `rate × quantum_min`, and costs the rate only what exceeds that.
+//! got no CPU), only the last `quantum_min` is made up, counting what the limiter makes
+//! up by itself ([`acquire_catching_up`]): a stall never turns into a burst larger than
+//! `rate × quantum_min`, and costs the rate only what exceeds that.
 
 use crate::capping::{CapDecision, FrequencyCap};
 use crate::config::LimiterScope;
 use crate::job::Job;
 use crate::limiter::hierarchical::HierarchicalLimiter;
-use crate::limiter::{self, Algorithm, Clock, DynLimiter, Nanos, Rate, NANOS_PER_SEC};
+use crate::limiter::{
+    self, Algorithm, Clock, DynLimiter, Grant, Nanos, Rate, RateLimiter, NANOS_PER_SEC,
+};
 use crate::sender::{retry_delay, AnySender, SendFuture, SendOutcome, Sender};
 use crate::stats::{CampaignCounter, JobKey, JobProgressHandle, Outcome, StatsRecorder};
 use crate::store::DeadLetterKind;
@@ -803,25 +806,10 @@ impl Scheduler {
         if want == 0 {
             return wake;
         }
-        // Ask as of the instant the limiter named, or, after a longer stall, as of
-        // `quantum_min` ago: the last `quantum_min` of lateness is made up, the rest not.
-        let max_late = self.config.quantum_min.as_nanos() as Nanos;
-        let mut asked_at = match c.next_at {
-            Some(t) if t <= now => t.max(now.saturating_sub(max_late)),
-            _ => now,
-        };
-        let mut granted = 0u32;
-        loop {
-            let grant = c.limiter.acquire_up_to(want - granted, asked_at);
-            granted += grant.granted;
-            match grant.next_at {
-                Some(t) if t <= now && t > asked_at && granted < want => asked_at = t,
-                next => {
-                    c.next_at = next;
-                    break;
-                }
-            }
-        }
+        let quantum_min = self.config.quantum_min.as_nanos() as Nanos;
+        let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, now, quantum_min);
+        let granted = grant.granted;
+        c.next_at = grant.next_at;
         if let Some(t) = c.next_at {
             self.limiter_wait
                 .record((t - now) as f64 / NANOS_PER_SEC as f64);
@@ -1129,6 +1117,35 @@ impl Scheduler {
             self.active.len(),
             self.in_flight,
         )
+    }
+}
+
+/// Takes up to `want` permits from `limiter` for a turn at `now`, when the limiter last
+/// named `next_at`: as of that instant and of each following one up to `now`, so that a
+/// late wake-up keeps the limiter's schedule. Of a longer stall only the last
+/// `quantum_min` is made up, and that counts what the limiter makes up by itself
+/// ([`RateLimiter::catch_up`], Redis leases): asking it as of `quantum_min` ago would
+/// add its catch-up on top, and a stall would come out as twice the burst.
+pub fn acquire_catching_up(
+    limiter: &dyn RateLimiter,
+    want: u32,
+    next_at: Option<Nanos>,
+    now: Nanos,
+    quantum_min: Nanos,
+) -> Grant {
+    let max_late = quantum_min.saturating_sub(limiter.catch_up());
+    let mut asked_at = match next_at {
+        Some(t) if t <= now => t.max(now.saturating_sub(max_late)),
+        _ => now,
+    };
+    let mut granted = 0u32;
+    loop {
+        let grant = limiter.acquire_up_to(want - granted, asked_at);
+        granted += grant.granted;
+        match grant.next_at {
+            Some(t) if t <= now && t > asked_at && granted < want => asked_at = t,
+            next_at => return Grant { granted, next_at },
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use pushpace::limiter::{
 };
 use pushpace::produce::ProducePlan;
 use pushpace::sink::{Sink, SinkConfig};
+use pushpace::worker::scheduler::acquire_catching_up;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -337,6 +338,66 @@ async fn leased_permits_take_the_campaigns_own_shape_but_window_algorithms_keep_
     for a in [Algorithm::SlidingLog, Algorithm::SlidingWindow] {
         assert_eq!(first_grant(&f, &clock, a, 0).await.0, None, "{a}");
     }
+}
+
+/// A scheduler that stalled makes up at most `quantum_min` of the stall on Redis leases
+/// too: the lease's own catch-up (a slot may be spent up to 10 ms late) is counted in,
+/// not added on top. Added on top, a 40 ms stall came out as 20 ms of slots at once (20
+/// at 1,000/s), and three stalled workers could push a second at the provider 2% over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_on_redis_leases_is_made_up_by_at_most_quantum_min() {
+    const MS: Nanos = 1_000_000;
+    let clock = Arc::new(MonotonicClock::new());
+    let f = RedisLimiterFactory::new(
+        config(
+            format!("redis://{REDIS}"),
+            RedisAlgorithm::RedisGcra,
+            100,
+            1,
+        ),
+        clock.clone(),
+    )
+    .unwrap();
+    let lim = f.limiter(
+        &unique_name("c"),
+        Algorithm::Gcra,
+        Rate::per_second(1000.0).unwrap(),
+        0,
+    );
+    let end = Instant::now() + Duration::from_secs(3);
+    while !lim.holds_lease() && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(lim.holds_lease(), "no lease within 3 s");
+    assert_eq!(
+        lim.catch_up(),
+        10 * MS,
+        "slots are spent at their own times"
+    );
+    let quantum_min = 10 * MS;
+    // Rounds on schedule for 300 ms, as the scheduler runs them.
+    let (mut next_at, mut on_time) = (None, 0);
+    let until = clock.now() + 300 * MS;
+    while clock.now() < until {
+        let g = acquire_catching_up(&lim, 1000, next_at, clock.now(), quantum_min);
+        (next_at, on_time) = (g.next_at, on_time + g.granted);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Then 40 ms without a round (at least: a busy machine only makes it longer).
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let after = acquire_catching_up(&lim, 1000, next_at, clock.now(), quantum_min);
+    eprintln!(
+        "1,000/s on leases: {on_time} in 300 ms of rounds, then {} at once after a 40 ms stall",
+        after.granted
+    );
+    // 300 ms at 1,000/s, plus what the first round makes up.
+    assert!((250..=312).contains(&on_time), "{on_time} in 300 ms");
+    // rate × quantum_min, +1 for the slot due now.
+    assert!(
+        (1..=11).contains(&after.granted),
+        "a burst of {} after the stall",
+        after.granted
+    );
 }
 
 #[tokio::test]
