@@ -24,6 +24,7 @@
 
 use super::backlog::{Backlog, JobRef};
 use super::offsets::OffsetTracker;
+use super::progress_lookups::ProgressLookups;
 use super::refetch::Refetcher;
 use super::scheduler::{CampaignSettings, Control, Event, IncomingJob, SchedulerStats};
 use crate::capping::shared::SharedCap;
@@ -35,7 +36,7 @@ use crate::shutdown::Shutdown;
 use crate::stats::JobProgressHandle;
 use crate::store::campaigns::{self, CampaignDefaults, CampaignStatus};
 use crate::store::dead_letters::{self, DeadLetter};
-use crate::store::{progress, DeadLetterKind};
+use crate::store::DeadLetterKind;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
@@ -94,10 +95,11 @@ pub struct ConsumerParams {
     pub shared_cap: Option<SharedCap>,
 }
 
-/// Lookups in flight at most: enough to cover a database round trip at the broker's
-/// read rate (about 1,000 jobs/s × 1 ms), small enough that a slow database soon holds
-/// consumption back instead of piling jobs up.
-const MAX_PENDING: usize = 32;
+/// Jobs waiting for their lookups at most: a fetch answer's burst (about 300 jobs) fits,
+/// so its progress lookups go out as one or two batched statements while the thread
+/// reads on; small enough that a slow database soon holds consumption back instead of
+/// piling jobs up (they count against the buffer bounds meanwhile).
+const MAX_PENDING: usize = 512;
 
 /// A job accepted for the scheduler whose lookups are still running.
 struct Pending {
@@ -446,6 +448,7 @@ pub fn spawn(
                 consumer,
                 state,
                 control,
+                progress: ProgressLookups::start(pool.clone(), &runtime),
                 pool,
                 runtime,
                 defaults,
@@ -488,6 +491,8 @@ struct Loop {
     state: Arc<Mutex<State>>,
     control: mpsc::Sender<Control>,
     pool: PgPool,
+    /// Stored-progress lookups, batched across the jobs of a burst.
+    progress: ProgressLookups,
     runtime: Handle,
     defaults: CampaignDefaults,
     topic: String,
@@ -798,7 +803,7 @@ impl Loop {
         let job = Arc::new(job);
         let lookups = self.runtime.spawn(
             lookups(
-                self.pool.clone(),
+                self.progress.clone(),
                 self.hygiene.clone(),
                 self.shared_cap.clone(),
                 job.clone(),
@@ -954,16 +959,13 @@ impl Loop {
 /// shared cap, which of the others are at the cap (the rest get a reservation).
 /// Retried until the database and Redis answer: the job waits, it is never dropped.
 async fn lookups(
-    pool: PgPool,
+    progress: ProgressLookups,
     hygiene: Option<Arc<TokenHygiene>>,
     shared_cap: Option<SharedCap>,
     job: Arc<Job>,
     db_down: Arc<AtomicBool>,
 ) -> Lookups {
-    let found = retry_async("progress lookup", &db_down, || {
-        progress::lookup(&pool, &job.job_id)
-    })
-    .await;
+    let found = retry_async("progress lookup", &db_down, || progress.lookup(&job.job_id)).await;
     let already_done = match found {
         Some(p) if p.campaign_id == job.campaign_id => p.devices_done,
         Some(p) => {

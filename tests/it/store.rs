@@ -980,3 +980,59 @@ async fn a_flapping_network_loses_and_doubles_no_counts() {
     let stored: BTreeMap<u64, i64> = stored.into_iter().map(|(s, c)| (s, c[0])).collect();
     assert_eq!(stored, expected);
 }
+
+/// A burst of concurrent lookups is answered by a few batched statements, each job with
+/// its own stored row (or none), the same as one statement per job would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_lookups_batch_a_burst_and_answer_each_job_its_own_row() {
+    use pushpace::worker::progress_lookups::{LookupError, ProgressLookups};
+    let (pool, _) = fresh_database().await;
+    // Jobs 0, 7, 14, … have progress: (devices_done = index).
+    let recorder = StatsRecorder::new();
+    let flusher = Flusher::new(recorder.clone(), pool.clone(), fast_config());
+    let mut handles = Vec::new();
+    for i in (0..300).step_by(7) {
+        let job = recorder.track_job(JobKey {
+            job_id: format!("burst-{i}"),
+            campaign_id: "burst".into(),
+            partition: 1,
+            offset: i as i64,
+            devices_total: 500,
+        });
+        job.set_done(i);
+        handles.push(job);
+    }
+    flusher.flush_now().await.unwrap();
+
+    let lookups = ProgressLookups::start(pool.clone(), &tokio::runtime::Handle::current());
+    let asks = (0..300u32).chain([7, 7]).map(|i| {
+        let l = lookups.clone();
+        tokio::spawn(async move { (i, l.lookup(&format!("burst-{i}")).await) })
+    });
+    let answers = futures::future::join_all(asks).await;
+    for answer in answers {
+        let (i, found) = answer.unwrap();
+        let found = found.unwrap();
+        let one_by_one = progress::lookup(&pool, &format!("burst-{i}"))
+            .await
+            .unwrap();
+        assert_eq!(found, one_by_one, "job burst-{i}");
+        assert_eq!(found.map(|p| p.devices_done), (i % 7 == 0).then_some(i));
+    }
+    let statements = lookups.statements();
+    assert!(
+        (1..=20).contains(&statements),
+        "302 lookups took {statements} statements"
+    );
+
+    // A database that does not answer is an error the caller can retry, not a "none".
+    let gone = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/nothing")
+        .unwrap();
+    let failing = ProgressLookups::start(gone, &tokio::runtime::Handle::current());
+    assert!(matches!(
+        failing.lookup("burst-0").await,
+        Err(LookupError::Store(_))
+    ));
+}
