@@ -24,7 +24,6 @@
 
 use super::backlog::{Backlog, JobRef};
 use super::offsets::OffsetTracker;
-use super::progress_lookups::ProgressLookups;
 use super::refetch::Refetcher;
 use super::scheduler::{CampaignSettings, Control, Event, IncomingJob, SchedulerStats};
 use crate::capping::shared::SharedCap;
@@ -36,7 +35,7 @@ use crate::shutdown::Shutdown;
 use crate::stats::JobProgressHandle;
 use crate::store::campaigns::{self, CampaignDefaults, CampaignStatus};
 use crate::store::dead_letters::{self, DeadLetter};
-use crate::store::DeadLetterKind;
+use crate::store::{progress, DeadLetterKind};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
@@ -95,11 +94,10 @@ pub struct ConsumerParams {
     pub shared_cap: Option<SharedCap>,
 }
 
-/// Jobs waiting for their lookups at most: a fetch answer's burst (about 300 jobs) fits,
-/// so its progress lookups go out as one or two batched statements while the thread
-/// reads on; small enough that a slow database soon holds consumption back instead of
-/// piling jobs up (they count against the buffer bounds meanwhile).
-const MAX_PENDING: usize = 512;
+/// Lookups in flight at most: enough to cover a database round trip at the broker's
+/// read rate (about 1,000 jobs/s × 1 ms), small enough that a slow database soon holds
+/// consumption back instead of piling jobs up.
+const MAX_PENDING: usize = 32;
 
 /// A job accepted for the scheduler whose lookups are still running.
 struct Pending {
@@ -448,7 +446,6 @@ pub fn spawn(
                 consumer,
                 state,
                 control,
-                progress: ProgressLookups::start(pool.clone(), &runtime),
                 pool,
                 runtime,
                 defaults,
@@ -491,8 +488,6 @@ struct Loop {
     state: Arc<Mutex<State>>,
     control: mpsc::Sender<Control>,
     pool: PgPool,
-    /// Stored-progress lookups, batched across the jobs of a burst.
-    progress: ProgressLookups,
     runtime: Handle,
     defaults: CampaignDefaults,
     topic: String,
@@ -803,7 +798,7 @@ impl Loop {
         let job = Arc::new(job);
         let lookups = self.runtime.spawn(
             lookups(
-                self.progress.clone(),
+                self.pool.clone(),
                 self.hygiene.clone(),
                 self.shared_cap.clone(),
                 job.clone(),
@@ -959,13 +954,16 @@ impl Loop {
 /// shared cap, which of the others are at the cap (the rest get a reservation).
 /// Retried until the database and Redis answer: the job waits, it is never dropped.
 async fn lookups(
-    progress: ProgressLookups,
+    pool: PgPool,
     hygiene: Option<Arc<TokenHygiene>>,
     shared_cap: Option<SharedCap>,
     job: Arc<Job>,
     db_down: Arc<AtomicBool>,
 ) -> Lookups {
-    let found = retry_async("progress lookup", &db_down, || progress.lookup(&job.job_id)).await;
+    let found = retry_async("progress lookup", &db_down, || {
+        progress::lookup(&pool, &job.job_id)
+    })
+    .await;
     let already_done = match found {
         Some(p) if p.campaign_id == job.campaign_id => p.devices_done,
         Some(p) => {

@@ -4,7 +4,6 @@
 //! - [`consumer`]: the Kafka consumer-group member (own thread), offsets and backpressure.
 //! - [`scheduler`]: the 1/N time-slice scheduler and its async driver.
 //! - [`offsets`]: per-partition watermarks.
-//! - [`progress_lookups`]: the consumer's stored-progress lookups, one statement per burst.
 //!
 //! Shutdown order: the signal stops fetching and dispatching; the scheduler waits for
 //! its in-flight sends (up to `drain_timeout`); the consumer flushes progress and
@@ -13,7 +12,6 @@
 pub mod backlog;
 pub mod consumer;
 pub mod offsets;
-pub mod progress_lookups;
 pub mod refetch;
 pub mod scheduler;
 
