@@ -62,7 +62,8 @@ pub fn consumer_config(settings: &KafkaSettings, bootstrap: &str) -> ClientConfi
             "partition.assignment.strategy",
             settings.assignment_strategy.as_str(),
         )
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string());
     c
 }
 

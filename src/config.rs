@@ -208,6 +208,9 @@ pub struct KafkaSettings {
     pub isolation_level: IsolationLevel,
     pub commit_interval_ms: u64,
     pub session_timeout_ms: u64,
+    /// librdkafka's `fetch.wait.max.ms`: how long the broker may hold a fetch that has
+    /// too little data.
+    pub fetch_wait_max_ms: u64,
     #[serde(deserialize_with = "by_name")]
     pub assignment_strategy: AssignmentStrategy,
 }
@@ -571,6 +574,10 @@ impl Settings {
         if k.commit_interval_ms == 0 {
             return Err(invalid("kafka.commit_interval_ms", "must be > 0"));
         }
+        // librdkafka wants the socket timeout (10 s here) at least 1 s above it.
+        if !(1..=5_000).contains(&k.fetch_wait_max_ms) {
+            return Err(invalid("kafka.fetch_wait_max_ms", "must be 1–5000"));
+        }
         if crate::store::connect_options(self.database.url.expose_secret()).is_err() {
             return Err(invalid(
                 "database.url",
@@ -769,6 +776,10 @@ mod tests {
         assert!(e.to_string().starts_with("limiter.send_rate: "), "{e}");
         let e = load(&[], &["worker.quantum_max_ms=5"]).unwrap_err();
         assert!(e.to_string().starts_with("worker.quantum_max_ms"), "{e}");
+        for bad in ["0", "5001"] {
+            let e = load(&[("PUSHPACE__KAFKA__FETCH_WAIT_MAX_MS", bad)], &[]).unwrap_err();
+            assert_eq!(e.to_string(), "kafka.fetch_wait_max_ms: must be 1–5000");
+        }
         let e = load(&[], &["limiter.algorithm=magic"]).unwrap_err();
         assert!(e.to_string().contains("magic"), "{e}");
         let e = load(&[("PUSHPACE__SENDER__HTTP1_CLIENT", "curl")], &[]).unwrap_err();
