@@ -129,6 +129,9 @@ pub struct BenchArgs {
     /// How long each pacing campaign runs at its rate, in seconds.
     #[arg(long, default_value_t = 30)]
     pub pacing_seconds: u64,
+    /// Sends in flight at once in the throughput phases (`sender.max_in_flight`).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_in_flight: u32,
     /// Where worker and sink logs go.
     #[arg(long, default_value = "target/bench")]
     pub out_dir: PathBuf,
@@ -194,6 +197,7 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
         run_id: run_id.clone(),
         out_dir: args.out_dir.clone(),
         exe: std::env::current_exe()?,
+        max_in_flight: args.max_in_flight,
     };
     let mut report = BenchReport {
         run_id: run_id.clone(),
@@ -345,6 +349,7 @@ struct Ctx {
     run_id: String,
     out_dir: PathBuf,
     exe: PathBuf,
+    max_in_flight: u32,
 }
 
 /// Where the worker process is, and how to read it.
@@ -534,7 +539,10 @@ impl Ctx {
         let mut sink = None;
         let mut extra: Vec<(&str, String)> = vec![
             // Every send in flight is a job device held; room for the HTTP round trips.
-            ("PUSHPACE__SENDER__MAX_IN_FLIGHT", "1024".into()),
+            (
+                "PUSHPACE__SENDER__MAX_IN_FLIGHT",
+                self.max_in_flight.to_string(),
+            ),
         ];
         match phase {
             Phase::Null => extra.push(("PUSHPACE__SENDER__KIND", "null".into())),
