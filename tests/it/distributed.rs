@@ -1054,28 +1054,40 @@ impl ProcessRun {
         }
     }
 
-    /// [`Self::finish`], and the largest whole second within the bound over the watch,
-    /// once the group has settled (unix seconds `from`..`to`). The start-up, while tansu
-    /// still moves partitions, and the wind-down are left out: runs saw 2,053–2,063 there
-    /// while no watched second passed 2,007.
+    /// [`Self::finish`], and the sink's seconds within bounds over the watch, once the
+    /// group has settled (unix seconds `from`..`to`). The start-up, while tansu still
+    /// moves partitions, and the wind-down are left out: runs saw 2,053–2,063 there while
+    /// no watched second passed 2,007.
+    ///
+    /// The sink counts by arrival, and the workers, the sink, tansu and PostgreSQL share
+    /// two cores: a stall of any of them near a second's boundary moves sends into the
+    /// next second (one run: 1,954 then 2,045, 3,999 in the two). A shift leaves the sum
+    /// of two adjacent seconds alone, an excess does not; so each pair is held to the ±2%
+    /// band (≤ 4,082), and a single second to the band plus a 20 ms shift (≤ 2,081).
     async fn finish_checked(self, from: f64, to: f64) {
         let id = self.campaigns[0].0.clone();
         let seconds = self.sink.per_second(&id);
-        let watched = |s: &&pushpace::sink::SecondCount| {
-            (s.unix_second as f64) >= from.ceil() && (s.unix_second as f64) < to.floor()
-        };
-        let max_watched = seconds
+        let watched: Vec<&pushpace::sink::SecondCount> = seconds
             .iter()
-            .filter(watched)
-            .map(|s| s.requests)
+            .filter(|s| {
+                (s.unix_second as f64) >= from.ceil() && (s.unix_second as f64) < to.floor()
+            })
+            .collect();
+        let max_watched = watched.iter().map(|s| s.requests).max().unwrap_or(0);
+        let max_pair = watched
+            .windows(2)
+            .filter(|w| w[1].unix_second == w[0].unix_second + 1)
+            .map(|w| w[0].requests + w[1].requests)
             .max()
             .unwrap_or(0);
         let max_all = seconds.iter().map(|s| s.requests).max().unwrap_or(0);
         let duplicates = self.finish().await;
         eprintln!(
-            "largest second: {max_watched} from the settled group to the end of the watch, {max_all} in the whole run; duplicates {duplicates}"
+            "largest second: {max_watched} from the settled group to the end of the watch \
+             (largest two in a row {max_pair}), {max_all} in the whole run; duplicates {duplicates}"
         );
-        assert!(max_watched <= 2041, "largest second {max_watched}");
+        assert!(max_pair <= 2 * 2041, "largest two seconds {max_pair}");
+        assert!(max_watched <= 2041 + 40, "largest second {max_watched}");
     }
 
     /// Waits until every device arrived (or 120 s), stops the workers, checks nothing
