@@ -574,7 +574,7 @@ impl Settings {
         if k.commit_interval_ms == 0 {
             return Err(invalid("kafka.commit_interval_ms", "must be > 0"));
         }
-        // librdkafka wants the socket timeout (10 s here) at least 1 s above it.
+        // A broker that holds every fetch (tansu) holds a new job this long: 5 s at most.
         if !(1..=5_000).contains(&k.fetch_wait_max_ms) {
             return Err(invalid("kafka.fetch_wait_max_ms", "must be 1–5000"));
         }

@@ -33,7 +33,8 @@ impl Refetcher {
             .set("group.id", format!("{}.refetch", kafka.group_id))
             .set("enable.auto.commit", "false")
             // A re-read is on the consumer loop's path: answer in milliseconds rather
-            // than librdkafka's defaults (500 ms broker wait, 1 s queue backoff), and
+            // than the group consumer's fetch wait (`kafka.fetch_wait_max_ms`) and
+            // librdkafka's 1 s queue backoff, and
             // prefetch only about MAX_SKIP messages ahead.
             .set("fetch.wait.max.ms", "10")
             .set("fetch.error.backoff.ms", "50")

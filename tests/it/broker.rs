@@ -225,3 +225,22 @@ fn a_joining_member_takes_only_the_partitions_that_move() {
         "only the moved partitions were revoked: {events:?}"
     );
 }
+
+/// `kafka.fetch_wait_max_ms` reaches librdkafka, which takes every value the settings
+/// accept.
+#[test]
+fn the_fetch_wait_reaches_librdkafka() {
+    for wait in [1, 100, 5_000] {
+        let settings = KafkaSettings {
+            fetch_wait_max_ms: wait,
+            ..kafka_settings(&unique_name("fetch-wait"))
+        };
+        let config = pushpace::broker::consumer_config(&settings, "127.0.0.1:9");
+        assert_eq!(
+            config.get("fetch.wait.max.ms"),
+            Some(wait.to_string().as_str())
+        );
+        let created = config.create::<rdkafka::consumer::BaseConsumer>();
+        assert!(created.is_ok(), "{wait} ms: {:?}", created.err());
+    }
+}

@@ -1086,8 +1086,11 @@ impl ProcessRun {
             "largest second: {max_watched} from the settled group to the end of the watch \
              (largest two in a row {max_pair}), {max_all} in the whole run; duplicates {duplicates}"
         );
-        assert!(max_pair <= 2 * 2041, "largest two seconds {max_pair}");
-        assert!(max_watched <= 2041 + 40, "largest second {max_watched}");
+        // The ±2% band at 2,000/s, and 20 ms of it shifted into the next second.
+        const BAND: u64 = 2_041;
+        const SHIFT: u64 = 40;
+        assert!(max_pair <= 2 * BAND, "largest two seconds {max_pair}");
+        assert!(max_watched <= BAND + SHIFT, "largest second {max_watched}");
     }
 
     /// Waits until every device arrived (or 120 s), stops the workers, checks nothing
