@@ -55,6 +55,7 @@ fn scheduler() -> (
             give_up_after: Duration::ZERO,
             global_rate: None,
             limiters: std::sync::Arc::new(pushpace::worker::scheduler::LocalLimiters),
+            forget_after: Duration::from_secs(600),
         },
         AnySender::Null(NullSender),
         StatsRecorder::new(),

@@ -279,6 +279,11 @@ pub struct WorkerSettings {
     pub max_parked_jobs: usize,
     /// Raw bytes of parked jobs kept in memory (beyond, they are re-read from Kafka).
     pub max_parked_bytes: usize,
+    /// Dead letters, invalid tokens and offset records queued for their write at most;
+    /// beyond, reading and sending wait for the database.
+    pub outcome_queue: usize,
+    /// A campaign with no job for this long is forgotten by the worker's maps.
+    pub forget_idle_after_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -617,6 +622,16 @@ impl Settings {
         }
         if w.max_parked_jobs == 0 {
             return Err(invalid("worker.max_parked_jobs", "must be > 0"));
+        }
+        if !(16..=1_048_576).contains(&w.outcome_queue) {
+            return Err(invalid("worker.outcome_queue", "must be 16–1048576"));
+        }
+        // Below a minute, settings would be re-read from the database job after job.
+        if !(60_000..=86_400_000).contains(&w.forget_idle_after_ms) {
+            return Err(invalid(
+                "worker.forget_idle_after_ms",
+                "must be 60000–86400000 (1 minute to 1 day)",
+            ));
         }
         Rate::per_second(self.limiter.send_rate)
             .map_err(|e| invalid("limiter.send_rate", e.to_string()))?;

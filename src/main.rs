@@ -272,7 +272,18 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
             return Err(e.into());
         }
     };
-    wait_for_signal().await;
+    let consumer_failed = tokio::select! {
+        () = wait_for_signal() => false,
+        () = worker.consumer_stopped() => true,
+    };
+    if consumer_failed {
+        // Not healthy any more: stop what is left and exit non-zero, so that an
+        // orchestrator restarts the worker (its uncommitted jobs are read again).
+        tracing::error!("the Kafka consumer stopped on its own; shutting down");
+        let _ = app.stop().await;
+        worker.shutdown().await?;
+        anyhow::bail!("the Kafka consumer thread ended unexpectedly");
+    }
     tracing::info!("shutting down: draining in-flight sends (a second signal exits at once)");
     tokio::spawn(async {
         wait_for_signal().await;

@@ -24,6 +24,17 @@ pub struct DeadLetter<'a> {
     pub reason: &'a str,
     /// The original message; only its first [`MAX_RAW_BYTES`] are kept.
     pub raw: &'a [u8],
+    /// TEMP.
+    pub key: Option<&'a [u8]>,
+    pub device: Option<u32>,
+}
+
+/// TEMP.
+pub async fn insert_batch(pool: &PgPool, letters: &[DeadLetter<'_>]) -> Result<u64, StoreError> {
+    for l in letters {
+        insert(pool, l).await?;
+    }
+    Ok(letters.len() as u64)
 }
 
 /// A recorded dead letter.

@@ -14,6 +14,7 @@ pub mod campaigns;
 pub mod dead_letters;
 pub mod delivery;
 pub mod listen;
+pub mod offsets;
 pub mod progress;
 pub mod prune;
 
@@ -52,7 +53,23 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
+/// TEMP (replaced by the store helper's version at merge).
+pub fn sqlx_is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c.starts_with("40")),
+        _ => false,
+    }
+}
+
 impl StoreError {
+    /// TEMP.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Database(e) if sqlx_is_transient(e))
+    }
+
     /// The field a refused value belongs to, when the error is about one.
     pub fn field(&self) -> Option<&'static str> {
         match self {
@@ -215,6 +232,8 @@ pub enum DeadLetterKind {
     InvalidJob,
     /// A device that could not be delivered: a permanent provider failure or too many attempts.
     Undeliverable,
+    /// A parked job whose offset retention deleted before it was re-read.
+    ExpiredOffset,
 }
 
 impl DeadLetterKind {
@@ -223,6 +242,7 @@ impl DeadLetterKind {
             DeadLetterKind::MalformedJob => "malformed_job",
             DeadLetterKind::InvalidJob => "invalid_job",
             DeadLetterKind::Undeliverable => "undeliverable",
+            DeadLetterKind::ExpiredOffset => "expired_offset",
         }
     }
 }

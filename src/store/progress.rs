@@ -22,6 +22,11 @@ pub struct JobProgress {
 }
 
 impl JobProgress {
+    /// TEMP.
+    pub fn finished_after_prefix(&self) -> impl Iterator<Item = u32> {
+        std::iter::empty()
+    }
+
     pub fn is_complete(&self) -> bool {
         self.completed_at.is_some() || self.devices_done >= self.devices_total
     }
@@ -40,7 +45,11 @@ struct ProgressRow {
 }
 
 /// The stored progress of `job_id`, if any was flushed.
-pub async fn lookup(pool: &PgPool, job_id: &str) -> Result<Option<JobProgress>, StoreError> {
+pub async fn lookup(
+    pool: &PgPool,
+    _campaign_id: &str,
+    job_id: &str,
+) -> Result<Option<JobProgress>, StoreError> {
     let row: Option<ProgressRow> = sqlx::query_as(
         "SELECT job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, \
                 completed_at, updated_at \

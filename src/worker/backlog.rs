@@ -15,7 +15,7 @@ use rdkafka::message::OwnedMessage;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A job left in Kafka, to be re-read by offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +40,8 @@ struct CampaignBacklog {
     parked: VecDeque<Parked>,
     /// The partition its latest job came from: where its next one probably is.
     partition: Option<i32>,
+    /// No re-read of its parked jobs before this instant (after a failed one).
+    retry_at: Option<Instant>,
 }
 
 /// A parked job: its place, and its raw message while it fits in the byte budget.
@@ -166,8 +168,9 @@ impl Backlog {
     }
 
     /// Puts back a parked job whose re-read failed, at the head of its campaign's queue.
-    pub fn unpark_failed(&mut self, campaign: &Arc<str>, at: JobRef) {
+    pub fn unpark_failed(&mut self, campaign: &Arc<str>, at: JobRef, retry_at: Instant) {
         let c = self.campaigns.entry(campaign.clone()).or_default();
+        c.retry_at = Some(retry_at);
         c.parked.push_front(Parked { at, message: None });
         *self.parked_per_partition.entry(at.partition).or_default() += 1;
     }
@@ -246,10 +249,13 @@ impl Backlog {
     /// more, removed from the parked set; `None` when no campaign does.
     /// With `room` false (the worker-wide bound is full), only campaigns that are
     /// [`guaranteed`](Self::guaranteed) a job are considered.
-    pub fn next_to_unpark(&mut self, room: bool) -> Option<(Arc<str>, Parked)> {
+    pub fn next_to_unpark(&mut self, room: bool, now: Instant) -> Option<(Arc<str>, Parked)> {
         let mut best: Option<(&Arc<str>, f64)> = None;
         for (id, c) in &self.campaigns {
             if c.parked.is_empty() || (!room && c.undispatched_jobs() > 1) {
+                continue;
+            }
+            if c.retry_at.is_some_and(|t| t > now) {
                 continue;
             }
             let want = self.lookahead_devices(c.rate);
@@ -263,7 +269,9 @@ impl Backlog {
             }
         }
         let id = best?.0.clone();
-        let p = self.campaigns.get_mut(&id)?.parked.pop_front()?;
+        let c = self.campaigns.get_mut(&id)?;
+        c.retry_at = None;
+        let p = c.parked.pop_front()?;
         if let Some(n) = self.parked_per_partition.get_mut(&p.at.partition) {
             *n = n.saturating_sub(1);
         }
@@ -313,7 +321,7 @@ mod tests {
 
     /// `next_to_unpark`, reduced to (campaign, place).
     fn next(b: &mut Backlog) -> Option<(Arc<str>, JobRef)> {
-        b.next_to_unpark(true).map(|(c, p)| (c, p.at))
+        b.next_to_unpark(true, Instant::now()).map(|(c, p)| (c, p.at))
     }
 
     #[test]
@@ -365,7 +373,7 @@ mod tests {
         b.park(&a, 1.0, at(1, 0), None);
         b.finished(0, 0);
         assert_eq!(next(&mut b), Some((a.clone(), at(0, 1))));
-        b.unpark_failed(&a, at(0, 1));
+        b.unpark_failed(&a, at(0, 1), Instant::now());
         assert_eq!(b.parked_in(0), 1);
         b.forget_partitions(&[0]);
         assert_eq!(b.parked_in(0), 0);
@@ -393,7 +401,7 @@ mod tests {
         b.park(&a, 1.0, at(0, 2), None);
         b.park(&a, 1.0, at(1, 0), Some(msg(&[0; 9])));
         assert_eq!(b.parked_bytes(), 100 + 10, "payload and key bytes");
-        let (_, p) = b.next_to_unpark(true).unwrap();
+        let (_, p) = b.next_to_unpark(true, Instant::now()).unwrap();
         assert_eq!(p.at, at(0, 1));
         assert!(p.message.is_some());
         assert_eq!(b.parked_bytes(), 10);
@@ -407,7 +415,7 @@ mod tests {
         assert_eq!(b.evict_hog(2000), 0, "under the budget");
         assert_eq!(b.evict_hog(1000), 3, "down to 750 bytes");
         assert_eq!(b.parked_bytes(), 700);
-        let (_, p) = b.next_to_unpark(true).unwrap();
+        let (_, p) = b.next_to_unpark(true, Instant::now()).unwrap();
         assert!(p.message.is_none(), "an offset-only job is re-read");
     }
 
@@ -438,7 +446,7 @@ mod tests {
     }
 
     fn next_tight(b: &mut Backlog) -> Option<JobRef> {
-        b.next_to_unpark(false).map(|(_, p)| p.at)
+        b.next_to_unpark(false, Instant::now()).map(|(_, p)| p.at)
     }
 
     #[test]

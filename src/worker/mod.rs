@@ -1,9 +1,13 @@
 //! The worker: wires consumer → scheduler → sender → stats flusher, and shuts them down
 //! in the order that loses nothing.
 //!
-//! - [`consumer`]: the Kafka consumer-group member (own thread), offsets and backpressure.
+//! - [`consumer`]: intake, the Kafka consumer-group member (own thread): poll, decode,
+//!   rebalance ([`rebalance`]), offsets ([`offsets`]), pauses, parking ([`backlog`],
+//!   [`refetch`]).
+//! - [`enrich`]: a job's lookups (campaign settings, progress, hygiene, shared cap).
 //! - [`scheduler`]: the 1/N time-slice scheduler and its async driver.
-//! - [`offsets`]: per-partition watermarks.
+//! - [`outcomes`]: dead letters, invalid tokens and committed offsets, written by one
+//!   task from a bounded queue.
 //!
 //! Shutdown order: the signal stops fetching and dispatching; the scheduler waits for
 //! its in-flight sends (up to `drain_timeout`); the consumer flushes progress and
@@ -11,7 +15,10 @@
 
 pub mod backlog;
 pub mod consumer;
+pub mod enrich;
 pub mod offsets;
+pub mod outcomes;
+mod rebalance;
 pub mod refetch;
 pub mod scheduler;
 
@@ -92,6 +99,8 @@ pub struct Worker {
     consumer: std::thread::JoinHandle<()>,
     scheduler: tokio::task::JoinHandle<()>,
     forwarder: tokio::task::JoinHandle<()>,
+    outcome_writer: tokio::task::JoinHandle<()>,
+    hygiene_reload: Option<tokio::task::JoinHandle<()>>,
     flusher_stop: watch::Sender<bool>,
     flusher_task: tokio::task::JoinHandle<Result<(), crate::stats::StatsError>>,
     watcher_stop: watch::Sender<bool>,
@@ -99,6 +108,10 @@ pub struct Worker {
     pub flusher: Flusher,
     pub scheduler_stats: watch::Receiver<SchedulerStats>,
     pub consumer_stats: watch::Receiver<ConsumerStats>,
+    /// True while the Kafka consumer thread runs; false once it ended, however.
+    pub consumer_running: watch::Receiver<bool>,
+    /// The outcomes stage's queue (dead letters, invalid tokens, committed offsets).
+    pub outcomes: outcomes::Outcomes,
     pub control: mpsc::Sender<Control>,
     /// Token hygiene, when `hygiene.enabled` (its filter and counters).
     pub hygiene: Option<Arc<crate::hygiene::TokenHygiene>>,
@@ -183,6 +196,7 @@ impl Worker {
                 give_up_after: Duration::from_millis(settings.sender.give_up_after_ms),
                 global_rate: settings.limiter.global_rate(),
                 limiters,
+                forget_after: Duration::from_millis(w.forget_idle_after_ms),
             },
             sender,
             recorder,
@@ -212,6 +226,24 @@ impl Worker {
         } else {
             None
         };
+        let (outcomes, writer) = outcomes::channel(
+            outcomes::OutcomesConfig {
+                capacity: w.outcome_queue,
+                ..Default::default()
+            },
+            pool.clone(),
+            settings.kafka.topic.clone(),
+            hygiene.clone(),
+            shared_cap.clone(),
+        );
+        let outcome_writer = tokio::spawn(writer.run());
+        scheduler.set_outcomes(outcomes.clone());
+        let hygiene_reload = hygiene.clone().map(|h| {
+            tokio::spawn(reload_hygiene(
+                h,
+                Duration::from_millis(settings.hygiene.reload_ms),
+            ))
+        });
         let drain_timeout = Duration::from_millis(w.drain_timeout_ms);
         let scheduler = tokio::spawn(scheduler::run(
             scheduler,
@@ -230,6 +262,14 @@ impl Worker {
         ));
 
         let flush_handle = flusher.clone();
+        let (running_tx, consumer_running) = watch::channel(true);
+        let enricher = enrich::Enricher {
+            pool,
+            defaults,
+            hygiene: hygiene.clone(),
+            shared_cap: shared_cap.clone(),
+            db_down: Default::default(),
+        };
         let consumer = consumer::spawn(
             ConsumerParams {
                 kafka: settings.kafka.clone(),
@@ -241,8 +281,6 @@ impl Worker {
                 max_parked_bytes: w.max_parked_bytes,
                 live: scheduler_stats.clone(),
                 drain_timeout,
-                defaults,
-                pool,
                 control: control_tx.clone(),
                 events: events_rx,
                 flush_now: Arc::new(move || {
@@ -255,9 +293,12 @@ impl Worker {
                 }),
                 stats: consumer_stats_tx,
                 runtime: tokio::runtime::Handle::current(),
-                hygiene: hygiene.clone(),
-                hygiene_reload: Duration::from_millis(settings.hygiene.reload_ms),
-                shared_cap: shared_cap.clone(),
+                enricher,
+                outcomes: outcomes.clone(),
+                // Shorter than the scheduler's forget_after, so that settings a job
+                // carries are never older than what the scheduler still remembers.
+                settings_ttl: Duration::from_millis(w.forget_idle_after_ms / 2),
+                running: running_tx,
             },
             shutdown.subscribe(),
         )?;
@@ -266,6 +307,8 @@ impl Worker {
             consumer,
             scheduler,
             forwarder,
+            outcome_writer,
+            hygiene_reload,
             flusher_stop,
             flusher_task,
             watcher_stop,
@@ -273,6 +316,8 @@ impl Worker {
             flusher,
             scheduler_stats,
             consumer_stats,
+            consumer_running,
+            outcomes,
             control: control_tx,
             hygiene,
             shared_cap,
@@ -290,16 +335,32 @@ impl Worker {
             flusher_task,
             watcher_stop,
             control,
+            outcome_writer,
+            hygiene_reload,
+            outcomes,
             ..
         } = self;
         shutdown.trigger();
         forwarder.abort();
+        if let Some(h) = hygiene_reload {
+            h.abort();
+        }
         drop(control);
         let joined = tokio::task::spawn_blocking(move || consumer.join()).await;
         if !matches!(joined, Ok(Ok(()))) {
             tracing::error!("the consumer thread panicked");
         }
         let _ = scheduler.await;
+        // The scheduler held the last other handle: the writer ends once its queue is
+        // written (bounded, so that a database that never comes back cannot hold the
+        // process: what is not written is re-read with its message).
+        drop(outcomes);
+        if tokio::time::timeout(OUTCOMES_DRAIN, outcome_writer)
+            .await
+            .is_err()
+        {
+            tracing::warn!("outcomes not all written at shutdown; their messages are read again");
+        }
         shutdown.shutdown().await;
         let _ = flusher_stop.send(true);
         let flushed = flusher_task
@@ -310,6 +371,31 @@ impl Worker {
         }
         let _ = watcher_stop.send(true);
         Ok(())
+    }
+}
+
+/// How long shutdown waits for queued outcomes to be written.
+const OUTCOMES_DRAIN: Duration = Duration::from_secs(10);
+
+/// Adds the invalid tokens other workers recorded, every `every`.
+async fn reload_hygiene(h: Arc<crate::hygiene::TokenHygiene>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = h.reload().await {
+            tracing::warn!(error = %e, "invalid-token reload failed; retried at the next interval");
+        }
+    }
+}
+
+impl Worker {
+    /// Resolves when the consumer thread has ended (after shutdown, or on its own:
+    /// then the process should exit non-zero so that it is restarted).
+    pub async fn consumer_stopped(&self) {
+        let mut running = self.consumer_running.clone();
+        let _ = running.wait_for(|r| !*r).await;
     }
 }
 

@@ -18,6 +18,19 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
 /// Messages skipped forward rather than re-assigning: one fetch batch is cheaper than
 /// a new assignment, up to about this many small jobs.
 const MAX_SKIP: i64 = 64;
+/// A watermark query after a failed read: short, the consumer loop waits meanwhile.
+const WATERMARK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why a re-read failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RefetchError {
+    /// Retention deleted the offset: it will never be read again.
+    #[error("offset {offset} no longer exists (the partition now starts at {earliest})")]
+    Gone { offset: i64, earliest: i64 },
+    /// The broker did not answer, or failed: the re-read can pass later.
+    #[error("{0}")]
+    Transient(String),
+}
 
 pub struct Refetcher {
     consumer: BaseConsumer,
@@ -48,22 +61,24 @@ impl Refetcher {
     }
 
     /// The message at `at`, read again from the broker.
-    pub fn fetch(&mut self, topic: &str, at: JobRef) -> Result<OwnedMessage, String> {
+    pub fn fetch(&mut self, topic: &str, at: JobRef) -> Result<OwnedMessage, RefetchError> {
         let reuse = self.position.is_some_and(|p| {
             p.partition == at.partition && at.offset >= p.offset && at.offset - p.offset <= MAX_SKIP
         });
         if !reuse {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(topic, at.partition, Offset::Offset(at.offset))
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| RefetchError::Transient(e.to_string()))?;
             self.position = None;
-            self.consumer.assign(&tpl).map_err(|e| e.to_string())?;
+            self.consumer
+                .assign(&tpl)
+                .map_err(|e| RefetchError::Transient(e.to_string()))?;
         }
         let deadline = Instant::now() + FETCH_TIMEOUT;
         while Instant::now() < deadline {
             match self.consumer.poll(Duration::from_millis(100)) {
                 None => {}
-                Some(Err(e)) => return self.fail(format!("fetch failed: {e}")),
+                Some(Err(e)) => return self.fail(topic, at, format!("fetch failed: {e}")),
                 Some(Ok(m)) if m.partition() != at.partition => {}
                 Some(Ok(m)) => {
                     self.position = Some(JobRef {
@@ -74,20 +89,31 @@ impl Refetcher {
                         return Ok(m.detach());
                     }
                     if m.offset() > at.offset {
-                        return self.fail(format!(
-                            "offset {} is gone (the broker answered from {})",
-                            at.offset,
-                            m.offset()
-                        ));
+                        self.position = None;
+                        return Err(RefetchError::Gone {
+                            offset: at.offset,
+                            earliest: m.offset(),
+                        });
                     }
                 }
             }
         }
-        self.fail(format!("no answer within {FETCH_TIMEOUT:?}"))
+        self.fail(topic, at, format!("no answer within {FETCH_TIMEOUT:?}"))
     }
 
-    fn fail(&mut self, why: String) -> Result<OwnedMessage, String> {
+    /// A failed read: `Gone` when the partition now starts past the offset (retention
+    /// deleted it, or the consumer's reset policy jumped), else transient.
+    fn fail(&mut self, topic: &str, at: JobRef, why: String) -> Result<OwnedMessage, RefetchError> {
         self.position = None;
-        Err(why)
+        match self
+            .consumer
+            .fetch_watermarks(topic, at.partition, WATERMARK_TIMEOUT)
+        {
+            Ok((low, _)) if low > at.offset => Err(RefetchError::Gone {
+                offset: at.offset,
+                earliest: low,
+            }),
+            _ => Err(RefetchError::Transient(why)),
+        }
     }
 }

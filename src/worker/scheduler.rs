@@ -31,6 +31,7 @@ use crate::limiter::{
 use crate::sender::{retry_delay, AnySender, SendFuture, SendOutcome, Sender};
 use crate::stats::{CampaignCounter, JobKey, JobProgressHandle, Outcome, StatsRecorder};
 use crate::store::DeadLetterKind;
+use crate::worker::outcomes::{Letter, Outcomes, Record};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -85,6 +86,8 @@ pub struct SchedulerConfig {
     pub global_rate: Option<Rate>,
     /// Where campaign limiters come from.
     pub limiters: Arc<dyn LimiterFactory>,
+    /// A campaign's settings are forgotten once it has had no job this long.
+    pub forget_after: Duration,
 }
 
 impl std::fmt::Debug for SchedulerConfig {
@@ -97,6 +100,7 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("max_attempts", &self.max_attempts)
             .field("give_up_after", &self.give_up_after)
             .field("global_rate", &self.global_rate)
+            .field("forget_after", &self.forget_after)
             .finish_non_exhaustive()
     }
 }
@@ -122,6 +126,8 @@ pub struct IncomingJob {
     /// Devices already finished in an earlier run (from job_progress).
     pub already_done: u32,
     pub settings: CampaignSettings,
+    /// Device indexes (ascending) after `already_done` finished in an earlier run.
+    pub skip_done: Vec<u32>,
     /// Device indexes (ascending) whose tokens are recorded invalid: marked done without
     /// a send or a permit, counted as `skipped_invalid`.
     pub skip_invalid: Vec<u32>,
@@ -156,6 +162,7 @@ impl IncomingJob {
             offset,
             already_done: 0,
             settings,
+            skip_done: Vec::new(),
             skip_invalid: Vec::new(),
             skip_capped: Vec::new(),
             dispatched: Default::default(),
@@ -176,7 +183,7 @@ pub enum Control {
     },
 }
 
-/// Messages out of the scheduler.
+/// Messages out of the scheduler, to the consumer.
 #[derive(Debug)]
 pub enum Event {
     /// Every device of the job at (partition, offset) is finished. Its offset may be
@@ -187,21 +194,6 @@ pub enum Event {
         devices: u32,
         progress: JobProgressHandle,
     },
-    /// A device that will not be delivered.
-    DeadLetter {
-        campaign_id: Arc<str>,
-        job_id: String,
-        partition: i32,
-        offset: i64,
-        /// The device's index in the job (a shared cap releases its reservation).
-        device: u32,
-        device_token: String,
-        reason: String,
-        kind: DeadLetterKind,
-    },
-    /// The provider said this token is gone for good (HTTP 410): record it, so that no
-    /// worker sends to it again.
-    InvalidToken { token: String, reason: String },
 }
 
 /// A finished send, from a spawned future back to the scheduler.
@@ -214,6 +206,30 @@ pub struct Completion {
     first_failed: Nanos,
     outcome: SendOutcome,
 }
+
+/// A record on its way to the outcomes stage, and the device it finishes.
+struct AwaitLetter {
+    /// Its number once queued.
+    seq: Option<u64>,
+    /// The record while the queue had no room.
+    record: Option<Record>,
+    at: Option<LetterFor>,
+}
+
+/// The device a dead letter finishes (slot, and the job's identity to check it).
+#[derive(Debug, Clone, Copy)]
+struct LetterFor {
+    slot: u32,
+    partition: i32,
+    offset: i64,
+    device: u32,
+}
+
+/// How often the driver looks at letters waiting for their write.
+const LETTER_POLL: Duration = Duration::from_millis(10);
+
+/// How often idle campaigns' settings are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct RetryItem {
@@ -331,7 +347,9 @@ pub struct Scheduler {
     global: Option<HierarchicalLimiter>,
     campaigns: Vec<Option<Campaign>>,
     by_id: HashMap<Arc<str>, u32>,
-    known: HashMap<Arc<str>, CampaignSettings>,
+    /// Settings of campaigns seen lately, and when each was last used.
+    known: HashMap<Arc<str>, (CampaignSettings, Nanos)>,
+    last_sweep: Nanos,
     active: Vec<u32>,
     waiting: VecDeque<u32>,
     rotate: usize,
@@ -340,8 +358,14 @@ pub struct Scheduler {
     in_flight: usize,
     completions: mpsc::UnboundedSender<Completion>,
     events: std::sync::mpsc::Sender<Event>,
-    revoking: Option<(Vec<i32>, oneshot::Sender<()>)>,
+    /// Partitions being revoked, each set with the answer it waits for.
+    revoking: Vec<(Vec<i32>, oneshot::Sender<()>)>,
     draining: bool,
+    /// Where dead letters and invalid tokens go (none in unit tests: marked at once).
+    outcomes: Option<Outcomes>,
+    /// Records waiting for room in the outcomes queue or for their write; a device
+    /// with a dead letter counts as done only once its letter is durable.
+    letters: VecDeque<AwaitLetter>,
     counters: SchedulerStats,
     retries_total: metrics::Counter,
     limiter_wait: metrics::Histogram,
@@ -378,6 +402,7 @@ impl Scheduler {
             campaigns: Vec::new(),
             by_id: HashMap::new(),
             known: HashMap::new(),
+            last_sweep: 0,
             active: Vec::new(),
             waiting: VecDeque::new(),
             rotate: 0,
@@ -386,8 +411,10 @@ impl Scheduler {
             in_flight: 0,
             completions,
             events,
-            revoking: None,
+            revoking: Vec::new(),
             draining: false,
+            outcomes: None,
+            letters: VecDeque::new(),
             counters: SchedulerStats::default(),
             retries_total: metrics::counter!("retries_total"),
             limiter_wait: metrics::histogram!("limiter_wait_seconds"),
@@ -398,6 +425,11 @@ impl Scheduler {
             skipped_total: metrics::counter!("skipped_invalid_total"),
             capped_total: metrics::counter!("capped_total"),
         }
+    }
+
+    /// Sends dead letters and invalid tokens to the outcomes stage.
+    pub fn set_outcomes(&mut self, outcomes: Outcomes) {
+        self.outcomes = Some(outcomes);
     }
 
     /// Enables a per-device frequency cap (checked before each first attempt).
@@ -467,7 +499,7 @@ impl Scheduler {
     /// Applies settings from the store (rate change, pause, algorithm change).
     pub fn apply_settings(&mut self, s: CampaignSettings, now: Nanos) {
         self.now_hint = self.now_hint.max(now);
-        self.known.insert(s.id.clone(), s.clone());
+        self.known.insert(s.id.clone(), (s.clone(), self.now_hint));
         let Some(&slot) = self.by_id.get(&s.id) else {
             return;
         };
@@ -545,6 +577,7 @@ impl Scheduler {
             offset,
             already_done,
             settings,
+            skip_done,
             skip_invalid,
             skip_capped,
             dispatched,
@@ -552,8 +585,16 @@ impl Scheduler {
         self.now_hint = self.now_hint.max(now);
         let total = job.devices.len() as u32;
         let campaign_id: Arc<str> = Arc::from(job.campaign_id.as_str());
-        let settings = self.known.get(&campaign_id).cloned().unwrap_or(settings);
-        self.known.insert(campaign_id.clone(), settings.clone());
+        if self.is_revoking(partition) {
+            // Revoked before it arrived: its next owner reads it again.
+            return;
+        }
+        let settings = self
+            .known
+            .get(&campaign_id)
+            .map_or(settings, |(s, _)| s.clone());
+        self.known
+            .insert(campaign_id.clone(), (settings.clone(), now));
         let cslot = self.campaign_slot(settings, now);
 
         let progress = self.stats.track_job(JobKey {
@@ -593,6 +634,8 @@ impl Scheduler {
             }
             skipped
         };
+        // Finished in an earlier run: done, and counted then.
+        skip(&skip_done);
         let skipped = skip(&skip_invalid);
         let capped = skip(&skip_capped);
         for (n, outcome) in [
@@ -742,10 +785,14 @@ impl Scheduler {
     /// the next round.
     pub fn run_round(&mut self, now: Nanos, unix_sec: u64) -> Option<Nanos> {
         self.now_hint = self.now_hint.max(now);
+        self.settle_letters();
+        self.sweep_known(now);
         let n = self.active.len();
-        // The flusher holds too many unwritten rows (database down): pause, never drop.
-        if n == 0 || self.draining || self.stats.backpressure() {
-            return None;
+        // The flusher holds too many unwritten rows, or the outcomes queue is full
+        // (database down): pause, never drop.
+        let held = self.letters.front().is_some_and(|l| l.seq.is_none());
+        if n == 0 || self.draining || self.stats.backpressure() || held {
+            return self.letters_wake(now);
         }
         let share = (self.config.max_in_flight / n).max(1) as u32;
         let mut next_wake: Option<Nanos> = None;
@@ -764,12 +811,14 @@ impl Scheduler {
         while let Some(slot) = self.deferred_release.pop() {
             self.release_campaign_if_idle(slot);
         }
-        next_wake
+        match (next_wake, self.letters_wake(now)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn turn(&mut self, slot: u32, share: u32, now: Nanos, unix_sec: u64) -> Option<Nanos> {
         let room_total = self.config.max_in_flight.saturating_sub(self.in_flight) as u32;
-        let revoking = self.revoking.as_ref().map(|(p, _)| p.clone());
         let c = self.campaigns[slot as usize].as_mut()?;
         if c.settings.paused {
             return None;
@@ -839,12 +888,6 @@ impl Scheduler {
             let c = self.campaigns[slot as usize].as_mut()?;
             let Some(&jslot) = c.queue.front() else { break };
             let job = self.jobs[jslot as usize].as_mut().expect("queued job");
-            if revoking
-                .as_ref()
-                .is_some_and(|p| p.contains(&job.partition))
-            {
-                break;
-            }
             let device = job.next;
             job.next += 1;
             let skipped = job.is_done(device);
@@ -958,6 +1001,15 @@ impl Scheduler {
                 c.retried += 1;
                 self.retries_total.increment(1);
                 let since = if attempt == 0 { now } else { first_failed };
+                let partition = self.jobs[slot as usize].as_ref().map(|j| j.partition);
+                if partition.is_some_and(|p| self.is_revoking(p)) {
+                    // Its next owner sends it; a retry here would outlast the drain.
+                    self.check_revoke_done();
+                    return;
+                }
+                let c = self.campaigns[cslot as usize]
+                    .as_mut()
+                    .expect("campaign of job");
                 let give_up_ns = self.config.give_up_after.as_nanos() as Nanos;
                 if attempt + 1 >= self.config.max_attempts
                     && now.saturating_sub(since) >= give_up_ns
@@ -970,7 +1022,7 @@ impl Scheduler {
                         now.saturating_sub(since) as f64 / NANOS_PER_SEC as f64
                     );
                     self.dead_letter(slot, device, reason);
-                    true
+                    false
                 } else {
                     let delay = retry_delay(
                         attempt + 1,
@@ -993,10 +1045,9 @@ impl Scheduler {
                 c.failed += 1;
                 if status == Some(410) {
                     if let Some(job) = self.jobs[slot as usize].as_ref() {
-                        let _ = self.events.send(Event::InvalidToken {
-                            token: job.job.devices[device as usize].clone(),
-                            reason: format!("HTTP 410: {reason}"),
-                        });
+                        let token = job.job.devices[device as usize].clone();
+                        let reason = format!("HTTP 410: {reason}");
+                        self.queue_record(Record::InvalidToken { token, reason }, None);
                     }
                 }
                 let reason = match status {
@@ -1004,7 +1055,7 @@ impl Scheduler {
                     None => format!("permanent failure: {reason}"),
                 };
                 self.dead_letter(slot, device, reason);
-                true
+                false
             }
         };
         if finished_device {
@@ -1019,16 +1070,25 @@ impl Scheduler {
 
     fn dead_letter(&mut self, slot: u32, device: u32, reason: String) {
         let job = self.jobs[slot as usize].as_ref().expect("job");
-        let _ = self.events.send(Event::DeadLetter {
-            campaign_id: Arc::from(job.job.campaign_id.as_str()),
-            job_id: job.job.job_id.clone(),
+        let letter = Letter {
+            kind: DeadLetterKind::Undeliverable,
+            partition: job.partition,
+            offset: job.offset,
+            campaign_id: Some(Arc::from(job.job.campaign_id.as_str())),
+            job_id: Some(job.job.job_id.clone()),
+            device: Some(device),
+            device_token: Some(job.job.devices[device as usize].clone()),
+            reason,
+            key: None,
+            raw: Vec::new(),
+        };
+        let at = LetterFor {
+            slot,
             partition: job.partition,
             offset: job.offset,
             device,
-            device_token: job.job.devices[device as usize].clone(),
-            reason,
-            kind: DeadLetterKind::Undeliverable,
-        });
+        };
+        self.queue_record(Record::DeadLetter(letter), Some(at));
     }
 
     fn finish_job(&mut self, slot: u32) {
@@ -1048,27 +1108,139 @@ impl Scheduler {
         self.release_campaign_if_idle(cslot);
     }
 
-    /// Starts revoking partitions: no more dispatches of their jobs.
+    /// Starts revoking partitions: their jobs leave the queues (no more dispatches, no
+    /// retries); the answer goes once their in-flight sends are back. Several
+    /// revocations may overlap, each answered on its own.
     pub fn start_revoke(&mut self, partitions: Vec<i32>, done: oneshot::Sender<()>) {
-        self.revoking = Some((partitions, done));
+        for slot in 0..self.jobs.len() as u32 {
+            let Some(job) = self.jobs[slot as usize].as_ref() else {
+                continue;
+            };
+            if !partitions.contains(&job.partition) {
+                continue;
+            }
+            if let Some(c) = self.campaigns[job.campaign as usize].as_mut() {
+                c.queue.retain(|s| *s != slot);
+                c.retries.retain(|Reverse(r)| r.slot != slot);
+            }
+        }
+        self.revoking.push((partitions, done));
         self.check_revoke_done();
     }
 
+    fn is_revoking(&self, partition: i32) -> bool {
+        self.revoking.iter().any(|(p, _)| p.contains(&partition))
+    }
+
     fn check_revoke_done(&mut self) {
-        let Some((partitions, _)) = &self.revoking else {
+        let mut k = 0;
+        while k < self.revoking.len() {
+            let partitions = &self.revoking[k].0;
+            let busy = self
+                .jobs
+                .iter()
+                .flatten()
+                .any(|j| partitions.contains(&j.partition) && j.in_flight > 0);
+            if busy {
+                k += 1;
+                continue;
+            }
+            let (partitions, done) = self.revoking.remove(k);
+            self.drop_partitions(&partitions);
+            let _ = done.send(());
+        }
+    }
+
+    /// Queues a record for the outcomes stage; `at`: the device it finishes once durable.
+    fn queue_record(&mut self, record: Record, at: Option<LetterFor>) {
+        let Some(outcomes) = &self.outcomes else {
+            if let Some(at) = at {
+                self.letter_durable(at);
+            }
             return;
         };
-        let busy = self
-            .jobs
-            .iter()
-            .flatten()
-            .any(|j| partitions.contains(&j.partition) && j.in_flight > 0);
-        if busy {
+        // Behind records still waiting for room, to keep their order.
+        let waiting = self.letters.back().is_some_and(|l| l.seq.is_none());
+        let (seq, record) = if waiting {
+            (None, Some(record))
+        } else {
+            match outcomes.record(record) {
+                Ok(seq) => (Some(seq), None),
+                Err(r) => (None, Some(r)),
+            }
+        };
+        self.letters.push_back(AwaitLetter { seq, record, at });
+    }
+
+    /// Queues the records that waited for room, and finishes the devices whose letters
+    /// are durable.
+    fn settle_letters(&mut self) {
+        let Some(outcomes) = self.outcomes.clone() else {
+            return;
+        };
+        for l in self.letters.iter_mut() {
+            let Some(record) = l.record.take() else {
+                continue;
+            };
+            match outcomes.record(record) {
+                Ok(seq) => l.seq = Some(seq),
+                Err(r) => {
+                    l.record = Some(r);
+                    break;
+                }
+            }
+        }
+        let durable = outcomes.durable();
+        let mut k = 0;
+        while k < self.letters.len() {
+            match self.letters[k].seq {
+                Some(seq) if seq < durable => {
+                    let l = self.letters.remove(k).expect("index in range");
+                    if let Some(at) = l.at {
+                        self.letter_durable(at);
+                    }
+                }
+                _ => k += 1,
+            }
+        }
+    }
+
+    /// A device's dead letter is stored: the device is finished.
+    fn letter_durable(&mut self, at: LetterFor) {
+        let Some(job) = self.jobs[at.slot as usize].as_mut() else {
+            return;
+        };
+        // The slot may hold another job by now (this one was revoked).
+        if job.partition != at.partition || job.offset != at.offset || job.is_done(at.device) {
             return;
         }
-        let (partitions, done) = self.revoking.take().expect("revoking");
-        self.drop_partitions(&partitions);
-        let _ = done.send(());
+        job.mark_done(at.device);
+        if job.done_count == job.total() {
+            self.finish_job(at.slot);
+        }
+        self.check_revoke_done();
+    }
+
+    /// While letters wait, the driver comes back soon to settle them.
+    fn letters_wake(&self, now: Nanos) -> Option<Nanos> {
+        (!self.letters.is_empty()).then_some(now + LETTER_POLL.as_nanos() as Nanos)
+    }
+
+    /// Forgets the settings of campaigns that had no job for `forget_after`.
+    fn sweep_known(&mut self, now: Nanos) {
+        if now.saturating_sub(self.last_sweep) < SWEEP_EVERY.as_nanos() as Nanos {
+            return;
+        }
+        self.last_sweep = now;
+        let forget = self.config.forget_after.as_nanos() as Nanos;
+        let before = self.known.len();
+        let by_id = &self.by_id;
+        self.known
+            .retain(|id, (_, used)| by_id.contains_key(id) || now.saturating_sub(*used) < forget);
+        let forgotten = before - self.known.len();
+        if forgotten > 0 {
+            tracing::debug!(forgotten, "idle campaigns forgotten");
+        }
     }
 
     /// Forgets the jobs of `partitions` (their next owner re-reads them).
@@ -1315,6 +1487,7 @@ mod tests {
                 give_up_after: Duration::ZERO,
                 global_rate: None,
                 limiters: Arc::new(LocalLimiters),
+                forget_after: Duration::from_secs(600),
             },
             AnySender::Null(NullSender),
             StatsRecorder::new(),

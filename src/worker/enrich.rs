@@ -1,0 +1,186 @@
+//! The enrich stage: a job's lookups before it reaches the scheduler, run as a task on
+//! the runtime while the consumer thread reads on.
+//!
+//! - the campaign's stored settings (created on its first job), when the consumer has
+//!   none cached;
+//! - the job's stored progress: devices finished in an earlier run are skipped;
+//! - token hygiene: devices whose tokens are recorded invalid;
+//! - the shared frequency cap: devices at their cap (the rest get a reservation).
+//!
+//! A failure that can pass (database or Redis away) is retried with backoff: the job
+//! waits, it is never dropped, and the consumer pauses its partitions once enough jobs
+//! wait. A failure that cannot pass is logged and the job goes on without that lookup:
+//! sending a device twice is better than losing it.
+
+use super::scheduler::CampaignSettings;
+use crate::capping::shared::SharedCap;
+use crate::hygiene::TokenHygiene;
+use crate::job::Job;
+use crate::store::campaigns::{self, CampaignDefaults};
+use crate::store::{progress, StoreError};
+use sqlx::PgPool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a job's lookups found.
+#[derive(Debug, Default)]
+pub struct Lookups {
+    /// The campaign's stored settings, when they were read.
+    pub settings: Option<CampaignSettings>,
+    /// Devices 0..already_done finished in an earlier run.
+    pub already_done: u32,
+    /// Devices after `already_done` finished in an earlier run.
+    pub done_after: Vec<u32>,
+    /// Devices whose tokens are recorded invalid.
+    pub invalid: Vec<u32>,
+    /// Devices at the shared frequency cap.
+    pub capped: Vec<u32>,
+}
+
+/// What the lookups share.
+#[derive(Clone)]
+pub struct Enricher {
+    pub pool: PgPool,
+    pub defaults: CampaignDefaults,
+    pub hygiene: Option<Arc<TokenHygiene>>,
+    pub shared_cap: Option<SharedCap>,
+    /// Raised while a lookup fails for a reason that can pass (for one log line).
+    pub db_down: Arc<AtomicBool>,
+}
+
+impl Enricher {
+    /// Runs the job's lookups; `read_settings` when the consumer has none cached.
+    pub async fn lookups(self, job: Arc<Job>, read_settings: bool) -> Lookups {
+        let settings = if read_settings {
+            self.settings(&job).await
+        } else {
+            None
+        };
+        let found = self
+            .retry("progress lookup", || {
+                progress::lookup(&self.pool, &job.campaign_id, &job.job_id)
+            })
+            .await
+            .flatten();
+        let (already_done, done_after) = match found {
+            Some(p) => {
+                let after = p.finished_after_prefix().collect();
+                (p.devices_done, after)
+            }
+            None => (0, Vec::new()),
+        };
+        let invalid = match &self.hygiene {
+            Some(h) => self
+                .retry_with("invalid-token lookup", hygiene_transient, || {
+                    h.invalid_among(&job.devices)
+                })
+                .await
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let capped = match &self.shared_cap {
+            Some(cap) => {
+                cap.reserve(
+                    &job.campaign_id,
+                    &job.job_id,
+                    &job.devices,
+                    already_done,
+                    &invalid,
+                )
+                .await
+            }
+            None => Vec::new(),
+        };
+        Lookups {
+            settings,
+            already_done,
+            done_after,
+            invalid,
+            capped,
+        }
+    }
+
+    async fn settings(&self, job: &Job) -> Option<CampaignSettings> {
+        let stored = self
+            .retry("campaign lookup", || {
+                campaigns::upsert_from_job(
+                    &self.pool,
+                    &job.campaign_id,
+                    job.send_rate,
+                    job.algorithm,
+                    &self.defaults,
+                )
+            })
+            .await?;
+        Some(super::to_settings(&stored, &self.defaults))
+    }
+
+    async fn retry<T, F, Fut>(&self, what: &str, f: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        self.retry_with(what, StoreError::is_transient, f).await
+    }
+
+    /// Runs `f` until it succeeds (Some) or fails for good (None, logged).
+    async fn retry_with<T, E, F, Fut>(
+        &self,
+        what: &str,
+        transient: fn(&E) -> bool,
+        mut f: F,
+    ) -> Option<T>
+    where
+        E: std::fmt::Display,
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        let mut backoff = BACKOFF_FIRST;
+        loop {
+            match f().await {
+                Ok(v) => {
+                    if self.db_down.swap(false, Ordering::Relaxed) {
+                        tracing::info!("job lookups answer again");
+                    }
+                    return Some(v);
+                }
+                Err(e) if transient(&e) => {
+                    if !self.db_down.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, what, "job lookup failed; retrying with backoff (the job waits)");
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, what, "job lookup failed for good; the job goes on without it");
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+fn hygiene_transient(e: &crate::hygiene::HygieneError) -> bool {
+    match e {
+        crate::hygiene::HygieneError::Database(db) => crate::store::sqlx_is_transient(db),
+        _ => false,
+    }
+}
+
+/// The first wait after a failed lookup, and the longest.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// A campaign's settings until its stored ones are read: the job's own, else the
+/// defaults. Used only to size the consumer's lookahead; the scheduler gets the stored.
+pub fn provisional(job: &Job, defaults: &CampaignDefaults) -> CampaignSettings {
+    CampaignSettings {
+        id: Arc::from(job.campaign_id.as_str()),
+        rate: job.send_rate.unwrap_or(defaults.send_rate),
+        algorithm: job.algorithm.unwrap_or(defaults.algorithm),
+        burst: defaults.burst,
+        paused: false,
+        limiter_scope: None,
+    }
+}

@@ -1,0 +1,412 @@
+//! The outcomes stage: one async task writes what the worker learned to PostgreSQL
+//! (dead letters, invalid tokens, committed offsets) and releases shared-cap
+//! reservations, off the consumer thread and off the scheduler.
+//!
+//! Producers never wait: [`Outcomes::record`] either queues (bounded) or hands the
+//! record back, and the caller holds its own work (the consumer pauses its partitions,
+//! the scheduler stops dispatching) until there is room again. Every record gets a
+//! sequence number; [`Outcomes::durable`] is the highest number below which every record
+//! is written, so a caller can make a device's progress (or a message's offset) wait for
+//! its dead letter: a letter is durable no later than the progress that skips it.
+//!
+//! Writes are retried while the failure can pass (connection lost, server shutting
+//! down, serialization failure); a data error is not retried: the letter is stored
+//! again in its minimal form (reason and raw bytes), and only if that fails too is it
+//! logged and counted as lost (`dead_letter_write_failures_total`).
+
+use crate::capping::shared::SharedCap;
+use crate::hygiene::TokenHygiene;
+use crate::store::dead_letters::{self, DeadLetter};
+use crate::store::DeadLetterKind;
+use parking_lot::Mutex;
+use sqlx::PgPool;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// A dead letter owned by the queue.
+#[derive(Debug, Clone)]
+pub struct Letter {
+    pub kind: DeadLetterKind,
+    pub partition: i32,
+    pub offset: i64,
+    pub campaign_id: Option<Arc<str>>,
+    pub job_id: Option<String>,
+    /// The device's index in its job, for a device's letter.
+    pub device: Option<u32>,
+    pub device_token: Option<String>,
+    pub reason: String,
+    /// The Kafka key, for a message's letter.
+    pub key: Option<Vec<u8>>,
+    /// The message, for a message's letter (at most `dead_letters::MAX_RAW_BYTES`).
+    pub raw: Vec<u8>,
+}
+
+/// What the stage writes.
+#[derive(Debug)]
+pub enum Record {
+    DeadLetter(Letter),
+    /// The provider said this token is gone for good.
+    InvalidToken { token: String, reason: String },
+    /// Offsets committed to Kafka (progress behind them may be pruned).
+    Committed(Vec<(i32, i64)>),
+}
+
+/// Settings of the stage.
+#[derive(Debug, Clone, Copy)]
+pub struct OutcomesConfig {
+    /// Records queued at most; beyond, producers hold their work.
+    pub capacity: usize,
+    /// Letters written in one statement at most.
+    pub batch: usize,
+}
+
+impl Default for OutcomesConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 4096,
+            batch: 256,
+        }
+    }
+}
+
+struct Shared {
+    /// Serialises numbering with queueing, so that numbers enter the queue in order.
+    send: Mutex<()>,
+    next_seq: AtomicU64,
+    /// Every record numbered below this is written (or given up).
+    durable: AtomicU64,
+    writing_down: AtomicBool,
+}
+
+/// The producers' handle; cheap to clone.
+#[derive(Clone)]
+pub struct Outcomes {
+    tx: mpsc::Sender<(u64, Record)>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Outcomes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outcomes")
+            .field("queued", &self.queued())
+            .field("durable", &self.durable())
+            .finish()
+    }
+}
+
+impl Outcomes {
+    /// Queues a record and returns its sequence number, or hands it back when the
+    /// queue is full (or the stage is gone).
+    pub fn record(&self, record: Record) -> Result<u64, Record> {
+        let _order = self.shared.send.lock();
+        let seq = self.shared.next_seq.load(Ordering::Relaxed);
+        match self.tx.try_send((seq, record)) {
+            Ok(()) => {
+                self.shared.next_seq.store(seq + 1, Ordering::Release);
+                Ok(seq)
+            }
+            Err(mpsc::error::TrySendError::Full((_, r)))
+            | Err(mpsc::error::TrySendError::Closed((_, r))) => Err(r),
+        }
+    }
+
+    /// Whether record `seq` is written.
+    pub fn is_durable(&self, seq: u64) -> bool {
+        seq < self.durable()
+    }
+
+    /// Every record numbered below this is written.
+    pub fn durable(&self) -> u64 {
+        self.shared.durable.load(Ordering::Acquire)
+    }
+
+    /// Records queued and not yet written.
+    pub fn queued(&self) -> u64 {
+        self.shared
+            .next_seq
+            .load(Ordering::Acquire)
+            .saturating_sub(self.durable())
+    }
+
+    /// Whether the last write attempt failed (the database is away).
+    pub fn is_stalled(&self) -> bool {
+        self.shared.writing_down.load(Ordering::Relaxed)
+    }
+}
+
+/// What the writer task needs.
+pub struct OutcomeWriter {
+    rx: mpsc::Receiver<(u64, Record)>,
+    shared: Arc<Shared>,
+    pool: PgPool,
+    topic: String,
+    hygiene: Option<Arc<TokenHygiene>>,
+    shared_cap: Option<SharedCap>,
+    batch: usize,
+    /// Written numbers above the contiguous durable mark.
+    done_above: BTreeSet<u64>,
+}
+
+/// Builds the stage: the producers' handle and the writer to spawn.
+pub fn channel(
+    config: OutcomesConfig,
+    pool: PgPool,
+    topic: String,
+    hygiene: Option<Arc<TokenHygiene>>,
+    shared_cap: Option<SharedCap>,
+) -> (Outcomes, OutcomeWriter) {
+    let (tx, rx) = mpsc::channel(config.capacity.max(1));
+    let shared = Arc::new(Shared {
+        send: Mutex::new(()),
+        next_seq: AtomicU64::new(0),
+        durable: AtomicU64::new(0),
+        writing_down: AtomicBool::new(false),
+    });
+    (
+        Outcomes {
+            tx,
+            shared: shared.clone(),
+        },
+        OutcomeWriter {
+            rx,
+            shared,
+            pool,
+            topic,
+            hygiene,
+            shared_cap,
+            batch: config.batch.max(1),
+            done_above: BTreeSet::new(),
+        },
+    )
+}
+
+impl OutcomeWriter {
+    /// Writes records until every producer handle is dropped and the queue is empty.
+    pub async fn run(mut self) {
+        let mut buf = Vec::with_capacity(self.batch);
+        while self.rx.recv_many(&mut buf, self.batch).await > 0 {
+            let mut letters = Vec::new();
+            for (seq, record) in buf.drain(..) {
+                match record {
+                    Record::DeadLetter(l) => letters.push((seq, l)),
+                    Record::InvalidToken { token, reason } => {
+                        self.invalid_token(&token, &reason).await;
+                        self.written(seq);
+                    }
+                    Record::Committed(marks) => {
+                        self.committed(&marks).await;
+                        self.written(seq);
+                    }
+                }
+            }
+            if !letters.is_empty() {
+                self.letters(&letters).await;
+                for (seq, l) in &letters {
+                    self.release_cap(l);
+                    self.written(*seq);
+                }
+            }
+        }
+    }
+
+    fn written(&mut self, seq: u64) {
+        let mut durable = self.shared.durable.load(Ordering::Relaxed);
+        if seq != durable {
+            self.done_above.insert(seq);
+            return;
+        }
+        durable += 1;
+        while self.done_above.remove(&durable) {
+            durable += 1;
+        }
+        self.shared.durable.store(durable, Ordering::Release);
+    }
+
+    fn release_cap(&self, l: &Letter) {
+        if let (Some(cap), Some(campaign), Some(job), Some(device), Some(token)) = (
+            &self.shared_cap,
+            &l.campaign_id,
+            &l.job_id,
+            l.device,
+            &l.device_token,
+        ) {
+            cap.release(campaign, job, device, token);
+        }
+    }
+
+    async fn letters(&self, letters: &[(u64, Letter)]) {
+        let rows: Vec<DeadLetter<'_>> = letters.iter().map(|(_, l)| self.row(l)).collect();
+        let outcome = retry("dead letters", &self.shared, || async {
+            dead_letters::insert_batch(&self.pool, &rows)
+                .await
+                .map(|_| ())
+                .map_err(Failure::from_store)
+        })
+        .await;
+        let Err(e) = outcome else {
+            count_letters(letters);
+            return;
+        };
+        // A batch refused for its data: each letter alone, then in its minimal form.
+        tracing::error!(error = %e, "a batch of dead letters was refused; writing them one by one");
+        for (_, l) in letters {
+            self.letter_alone(l).await;
+        }
+    }
+
+    async fn letter_alone(&self, l: &Letter) {
+        let row = self.row(l);
+        let alone = retry("dead letter", &self.shared, || async {
+            dead_letters::insert(&self.pool, &row)
+                .await
+                .map(|_| ())
+                .map_err(Failure::from_store)
+        })
+        .await;
+        let Err(e) = alone else {
+            count_letters(std::slice::from_ref(&(0, l.clone())));
+            return;
+        };
+        let reason = format!("{} (stored in minimal form: {e})", l.reason);
+        let minimal = DeadLetter {
+            campaign_id: None,
+            job_id: None,
+            device_token: None,
+            reason: &reason,
+            ..row
+        };
+        let last = retry("dead letter (minimal)", &self.shared, || async {
+            dead_letters::insert(&self.pool, &minimal)
+                .await
+                .map(|_| ())
+                .map_err(Failure::from_store)
+        })
+        .await;
+        if let Err(e) = last {
+            metrics::counter!("dead_letter_write_failures_total").increment(1);
+            tracing::error!(
+                error = %e,
+                partition = l.partition,
+                offset = l.offset,
+                device = ?l.device,
+                kind = l.kind.as_str(),
+                "a dead letter could not be stored in any form"
+            );
+        } else {
+            count_letters(std::slice::from_ref(&(0, l.clone())));
+        }
+    }
+
+    fn row<'a>(&'a self, l: &'a Letter) -> DeadLetter<'a> {
+        DeadLetter {
+            kind: l.kind,
+            topic: &self.topic,
+            partition: l.partition,
+            kafka_offset: l.offset,
+            campaign_id: l.campaign_id.as_deref(),
+            job_id: l.job_id.as_deref(),
+            device_token: l.device_token.as_deref(),
+            reason: &l.reason,
+            raw: &l.raw,
+            key: l.key.as_deref(),
+            device: l.device,
+        }
+    }
+
+    async fn invalid_token(&self, token: &str, reason: &str) {
+        let Some(h) = &self.hygiene else { return };
+        let r = retry("invalid token", &self.shared, || async {
+            h.record_invalid(token, reason)
+                .await
+                .map_err(Failure::from_hygiene)
+        })
+        .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "an invalid token could not be recorded");
+        }
+    }
+
+    async fn committed(&self, marks: &[(i32, i64)]) {
+        let r = retry("committed offsets", &self.shared, || async {
+            crate::store::offsets::record_committed(&self.pool, &self.topic, marks)
+                .await
+                .map_err(Failure::from_store)
+        })
+        .await;
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "committed offsets not recorded; progress behind them is kept longer");
+        }
+    }
+}
+
+fn count_letters(letters: &[(u64, Letter)]) {
+    for (_, l) in letters {
+        metrics::counter!("dead_letters_total", "kind" => l.kind.as_str()).increment(1);
+    }
+}
+
+/// A failed write: whether it can pass later, and what it said.
+struct Failure {
+    transient: bool,
+    message: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Failure {
+    fn from_store(e: crate::store::StoreError) -> Self {
+        Self {
+            transient: e.is_transient(),
+            message: e.to_string(),
+        }
+    }
+
+    fn from_hygiene(e: crate::hygiene::HygieneError) -> Self {
+        let transient = match &e {
+            crate::hygiene::HygieneError::Database(db) => crate::store::sqlx_is_transient(db),
+            _ => false,
+        };
+        Self {
+            transient,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The first wait after a transient failure, and the longest.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Runs `f` until it succeeds or fails for good; transient failures wait and retry.
+async fn retry<F, Fut>(what: &str, shared: &Shared, mut f: F) -> Result<(), Failure>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), Failure>>,
+{
+    let mut backoff = BACKOFF_FIRST;
+    loop {
+        match f().await {
+            Ok(()) => {
+                if shared.writing_down.swap(false, Ordering::Relaxed) {
+                    tracing::info!(what, "outcomes are being written again");
+                }
+                return Ok(());
+            }
+            Err(e) if e.transient => {
+                if !shared.writing_down.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, what, "cannot write outcomes; retrying with backoff (the worker holds new work meanwhile)");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
