@@ -193,6 +193,8 @@ impl State {
                         device_token: Some(&device_token),
                         reason: &reason,
                         raw: &[],
+                        key: None,
+                        device: Some(device),
                     };
                     write_dead_letter(&self.pool, &self.runtime, &letter);
                     self.stats.dead_letters += 1;
@@ -766,6 +768,8 @@ impl Loop {
                     device_token: None,
                     reason: &reason,
                     raw: payload,
+                    key: msg.key(),
+                    device: None,
                 };
                 write_dead_letter(&self.pool, &self.runtime, &letter);
                 metrics::counter!("dead_letters_total", "kind" => kind.as_str()).increment(1);
