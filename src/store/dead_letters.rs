@@ -244,7 +244,7 @@ pub async fn insert_batch(pool: &PgPool, letters: &[DeadLetter<'_>]) -> Result<u
 }
 
 async fn insert_chunk(pool: &PgPool, chunk: &[Prepared<'_>]) -> Result<u64, StoreError> {
-    fn col<'a, T>(chunk: &'a [Prepared<'_>], f: impl Fn(&'a Prepared<'_>) -> T) -> Vec<T> {
+    fn col<'a, 'b, T>(chunk: &'a [Prepared<'b>], f: impl Fn(&'a Prepared<'b>) -> T) -> Vec<T> {
         chunk.iter().map(f).collect()
     }
     let result = sqlx::query(&format!(

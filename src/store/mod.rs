@@ -344,8 +344,8 @@ mod tests {
     fn data_errors_and_the_rest_are_not_transient() {
         for code in [
             "22021", "22001", "22P02", "22P05", "23505", "23514", "23502", "40000", "40002",
-            "40003", "42P01", "42601", "55000", "55006", "57014", "57P04", "XX000", "08",
-            "530", "", "0800000",
+            "40003", "42P01", "42601", "55000", "55006", "57014", "57P04", "XX000", "08", "530",
+            "", "0800000",
         ] {
             assert!(!sqlstate_is_transient(code), "{code}");
         }
@@ -364,7 +364,9 @@ mod tests {
         assert!(StoreError::from(sqlx::Error::PoolTimedOut).is_transient());
         let migrate = sqlx::migrate::MigrateError::Execute(sqlx::Error::PoolTimedOut);
         assert!(StoreError::Migrate(migrate).is_transient());
-        assert!(!StoreError::Migrate(sqlx::migrate::MigrateError::VersionMissing(1)).is_transient());
+        assert!(
+            !StoreError::Migrate(sqlx::migrate::MigrateError::VersionMissing(1)).is_transient()
+        );
         assert!(!StoreError::invalid("kind", "unknown").is_transient());
         assert!(!StoreError::InvalidUrl("x".into()).is_transient());
         assert!(!StoreError::CampaignNotFound("c".into()).is_transient());
@@ -397,7 +399,11 @@ mod tests {
         assert_eq!(safe_text_capped("anything", 0), "");
         let long = "€".repeat(2000);
         let capped = safe_text_capped(&long, 4096);
-        assert_eq!(capped.len(), 4095, "1365 three-byte characters fit in 4096 bytes");
+        assert_eq!(
+            capped.len(),
+            4095,
+            "1365 three-byte characters fit in 4096 bytes"
+        );
     }
 
     #[test]

@@ -38,7 +38,8 @@ pub async fn prune_with_dead_letters(
     batch: i64,
 ) -> Result<PruneReport, StoreError> {
     let cutoff = cutoff_before_now("older_than", older_than)?;
-    let dead_letters_cutoff = cutoff_before_now("dead_letters_older_than", dead_letters_older_than)?;
+    let dead_letters_cutoff =
+        cutoff_before_now("dead_letters_older_than", dead_letters_older_than)?;
     let mut report = prune_before(pool, cutoff, batch).await?;
     report.dead_letters = prune_dead_letters_before(pool, dead_letters_cutoff, batch).await?;
     Ok(report)

@@ -97,12 +97,16 @@ async fn the_same_letter_twice_is_one_row() {
     let d1 = letter(DeadLetterKind::Undeliverable, 11, Some(1));
     assert!(dead_letters::insert(&pool, &d0).await.unwrap().is_some());
     assert_eq!(
-        dead_letters::insert_batch(&pool, &[d0, d1, d1]).await.unwrap(),
+        dead_letters::insert_batch(&pool, &[d0, d1, d1])
+            .await
+            .unwrap(),
         1,
         "only device 1 is new, and only once"
     );
     assert_eq!(
-        dead_letters::insert_batch(&pool, &[d0, d1, whole]).await.unwrap(),
+        dead_letters::insert_batch(&pool, &[d0, d1, whole])
+            .await
+            .unwrap(),
         0
     );
     assert_eq!(dead_letters::insert_batch(&pool, &[]).await.unwrap(), 0);
@@ -122,7 +126,9 @@ async fn the_same_letter_twice_is_one_row() {
         2
     );
     assert_eq!(count(&pool).await, 5);
-    let listed = dead_letters::list(&pool, Some("dl"), None, 100).await.unwrap();
+    let listed = dead_letters::list(&pool, Some("dl"), None, 100)
+        .await
+        .unwrap();
     let mut devices: Vec<Option<u32>> = listed
         .iter()
         .filter(|l| l.kafka_offset == 11)
@@ -180,13 +186,19 @@ async fn nul_bytes_everywhere_and_a_whole_mebibyte_are_stored() {
             device: None,
         },
     ];
-    assert_eq!(dead_letters::insert_batch(&pool, &letters).await.unwrap(), 3);
+    assert_eq!(
+        dead_letters::insert_batch(&pool, &letters).await.unwrap(),
+        3
+    );
     // One more through the single insert.
     let single = DeadLetter {
         kafka_offset: 4,
         ..letters[0]
     };
-    assert!(dead_letters::insert(&pool, &single).await.unwrap().is_some());
+    assert!(dead_letters::insert(&pool, &single)
+        .await
+        .unwrap()
+        .is_some());
 
     let listed = dead_letters::list(&pool, Some("camp\0aign"), None, 10)
         .await
@@ -209,7 +221,11 @@ async fn nul_bytes_everywhere_and_a_whole_mebibyte_are_stored() {
     assert_eq!(second.device_token.as_deref(), Some("tok\\0en"));
     assert_eq!(second.device, Some(7));
     assert_eq!(second.raw_len, MAX_RAW_BYTES, "cut at 1 MiB");
-    assert_eq!(second.key_len, Some(MAX_KEY_BYTES + 5), "length as received");
+    assert_eq!(
+        second.key_len,
+        Some(MAX_KEY_BYTES + 5),
+        "length as received"
+    );
     assert_eq!(
         second.key_prefix.as_ref().map(Vec::len),
         Some(LISTED_PREFIX_BYTES)
@@ -259,9 +275,10 @@ async fn a_long_reason_is_cut_on_a_character_boundary() {
 #[tokio::test]
 async fn invalid_token_reasons_with_nul_are_stored() {
     let (pool, _) = fresh_database().await;
-    let hygiene = TokenHygiene::with_filter(pool.clone(), BloomFilter::with_rate(100, 0.01).unwrap())
-        .await
-        .unwrap();
+    let hygiene =
+        TokenHygiene::with_filter(pool.clone(), BloomFilter::with_rate(100, 0.01).unwrap())
+            .await
+            .unwrap();
     hygiene
         .record_invalid("tok\0en", "410 Gone: \0Unregistered")
         .await
@@ -317,10 +334,14 @@ async fn old_dead_letters_are_pruned_in_bounded_statements() {
 
     // Dead letters kept for 90 days while the rest goes at 30: only the 100-day-old go,
     // and no statement deletes more than 10,000 although the batch allows 50,000.
-    let report =
-        store::prune_with_dead_letters(&pool, chrono::Duration::days(30), chrono::Duration::days(90), 50_000)
-            .await
-            .unwrap();
+    let report = store::prune_with_dead_letters(
+        &pool,
+        chrono::Duration::days(30),
+        chrono::Duration::days(90),
+        50_000,
+    )
+    .await
+    .unwrap();
     assert_eq!(report.dead_letters, OLD as u64);
     let sizes: Vec<i64> = sqlx::query_scalar("SELECT n FROM delete_log")
         .fetch_all(&pool)
@@ -335,8 +356,13 @@ async fn old_dead_letters_are_pruned_in_bounded_statements() {
     assert_eq!(left, ["middle-aged", "new"]);
 
     // `prune` keeps dead letters as long as the rest; a smaller batch splits further.
-    sqlx::query("DELETE FROM delete_log").execute(&pool).await.unwrap();
-    let report = store::prune(&pool, chrono::Duration::days(30), 1).await.unwrap();
+    sqlx::query("DELETE FROM delete_log")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let report = store::prune(&pool, chrono::Duration::days(30), 1)
+        .await
+        .unwrap();
     assert_eq!(report.dead_letters, 1);
     let sizes: Vec<i64> = sqlx::query_scalar("SELECT n FROM delete_log")
         .fetch_all(&pool)
@@ -344,7 +370,9 @@ async fn old_dead_letters_are_pruned_in_bounded_statements() {
         .unwrap();
     assert!(sizes.iter().all(|&n| n <= 1), "{sizes:?}");
     assert_eq!(count(&pool).await, 1);
-    let again = store::prune(&pool, chrono::Duration::days(30), 1).await.unwrap();
+    let again = store::prune(&pool, chrono::Duration::days(30), 1)
+        .await
+        .unwrap();
     assert_eq!(again.dead_letters, 0);
     assert_eq!(
         store::prune_dead_letters_before(&pool, chrono::Utc::now(), 0)
@@ -406,7 +434,9 @@ async fn the_migration_keeps_existing_rows() {
     .await
     .unwrap();
     store::migrate(&pool).await.unwrap();
-    let rows: Vec<(i32, i64, Option<String>, Option<i32>, String)> = sqlx::query_as(
+    /// partition, offset, device token, device, reason
+    type OldRow = (i32, i64, Option<String>, Option<i32>, String);
+    let rows: Vec<OldRow> = sqlx::query_as(
         "SELECT partition, kafka_offset, device_token, device, reason FROM dead_letters ORDER BY id",
     )
     .fetch_all(&pool)

@@ -865,7 +865,10 @@ async fn dead_letters_are_paged_newest_first() {
     assert_eq!(all.len(), 30);
     let malformed = &all[0];
     assert_eq!(malformed.kind, DeadLetterKind::MalformedJob);
-    assert_eq!(malformed.raw_len, MAX_RAW_BYTES, "raw is truncated at 1 MiB");
+    assert_eq!(
+        malformed.raw_len, MAX_RAW_BYTES,
+        "raw is truncated at 1 MiB"
+    );
     assert_eq!(malformed.campaign_id, None);
 }
 
