@@ -120,11 +120,15 @@ pub struct StatsArgs {
 
 #[derive(Subcommand, Debug, Clone)]
 pub enum StatsCommand {
-    /// Deletes per-second counts, finished job progress and flush markers older than a span.
+    /// Deletes per-second counts, finished job progress, flush markers and dead letters
+    /// older than a span.
     Prune {
         /// 30d, 12h, …
         #[arg(long, value_name = "SPAN")]
         older_than: String,
+        /// Keeps dead letters for this span instead (default: --older-than).
+        #[arg(long, value_name = "SPAN")]
+        dead_letters_older_than: Option<String>,
         /// Rows per DELETE statement.
         #[arg(long, default_value_t = 10_000)]
         batch: i64,
@@ -498,8 +502,14 @@ fn campaign_details(c: &CampaignOut) -> String {
 
 /// Runs `stats ID` or `stats prune` and returns what to print.
 pub async fn run_stats(args: &StatsArgs, settings: &Settings) -> Result<String, CliError> {
-    if let Some(StatsCommand::Prune { older_than, batch }) = &args.command {
-        return prune(settings, older_than, *batch).await;
+    if let Some(StatsCommand::Prune {
+        older_than,
+        dead_letters_older_than,
+        batch,
+    }) = &args.command
+    {
+        let dead_letters = dead_letters_older_than.as_deref().unwrap_or(older_than);
+        return prune(settings, older_than, dead_letters, *batch).await;
     }
     let id = args
         .id
@@ -536,20 +546,29 @@ pub async fn run_stats(args: &StatsArgs, settings: &Settings) -> Result<String, 
     Ok(stats_text(&campaign, &points))
 }
 
-async fn prune(settings: &Settings, older_than: &str, batch: i64) -> Result<String, CliError> {
+async fn prune(
+    settings: &Settings,
+    older_than: &str,
+    dead_letters_older_than: &str,
+    batch: i64,
+) -> Result<String, CliError> {
     let span = crate::api::parse_duration(older_than)
         .map_err(|e| CliError::Invalid(format!("--older-than: {e}")))?;
+    let dead_letters_span = crate::api::parse_duration(dead_letters_older_than)
+        .map_err(|e| CliError::Invalid(format!("--dead-letters-older-than: {e}")))?;
     let pool = crate::store::connect(
         settings.database.url.expose_secret(),
         1,
         settings.database.connect_timeout(),
     )
     .await?;
-    let report = crate::store::prune(&pool, span, batch).await?;
+    let report = crate::store::prune_with_dead_letters(&pool, span, dead_letters_span, batch).await;
     pool.close().await;
+    let report = report?;
     Ok(format!(
-        "pruned older than {older_than}: {} per-second rows, {} finished job progress rows, {} flush markers\n",
-        report.seconds_deleted, report.progress_deleted, report.markers_deleted
+        "pruned older than {older_than}: {} per-second rows, {} finished job progress rows, {} flush markers; \
+         dead letters older than {dead_letters_older_than}: {}\n",
+        report.seconds_deleted, report.progress_deleted, report.markers_deleted, report.dead_letters
     ))
 }
 

@@ -472,9 +472,8 @@ pub async fn series(
     Ok(Json(delivery::series(state.pool(), &id, from, to).await?))
 }
 
-/// The most of a dead letter's original bytes shown in a listing.
-const RAW_SHOWN: usize = 1024;
-
+/// A dead letter as `GET /api/dead-letters` lists it. The message and the key are shown
+/// only by their first [`dead_letters::LISTED_PREFIX_BYTES`], which is all the store reads.
 #[derive(Debug, serde::Serialize)]
 pub struct DeadLetterView {
     pub id: i64,
@@ -485,18 +484,29 @@ pub struct DeadLetterView {
     pub campaign_id: Option<String>,
     pub job_id: Option<String>,
     pub device_token: Option<String>,
+    /// The device's index in its job; null for a whole message.
+    pub device: Option<u32>,
     pub reason: String,
     pub created_at: DateTime<Utc>,
-    /// The original message's length in bytes.
+    /// The stored message's length in bytes.
     pub raw_len: usize,
     /// Its first bytes as text (invalid UTF-8 replaced).
     pub raw: String,
     pub raw_truncated: bool,
+    /// The Kafka key's first bytes, ASCII with other bytes as `\xNN` (`\\` for a
+    /// backslash); null when the message had none.
+    pub key: Option<String>,
+    /// The key's length in bytes as received.
+    pub key_len: Option<usize>,
+    pub key_truncated: bool,
 }
 
 impl From<StoredDeadLetter> for DeadLetterView {
     fn from(d: StoredDeadLetter) -> Self {
-        let shown = &d.raw[..d.raw.len().min(RAW_SHOWN)];
+        let key_truncated = match (&d.key_prefix, d.key_len) {
+            (Some(k), Some(len)) => len > k.len(),
+            _ => false,
+        };
         Self {
             id: d.id,
             kind: d.kind,
@@ -506,11 +516,15 @@ impl From<StoredDeadLetter> for DeadLetterView {
             campaign_id: d.campaign_id,
             job_id: d.job_id,
             device_token: d.device_token,
+            device: d.device,
             reason: d.reason,
             created_at: d.created_at,
-            raw_len: d.raw.len(),
-            raw: String::from_utf8_lossy(shown).into_owned(),
-            raw_truncated: d.raw.len() > RAW_SHOWN,
+            raw_truncated: d.raw_len > d.raw_prefix.len(),
+            raw_len: d.raw_len,
+            raw: String::from_utf8_lossy(&d.raw_prefix).into_owned(),
+            key: d.key_prefix.map(|k| k.escape_ascii().to_string()),
+            key_len: d.key_len,
+            key_truncated,
         }
     }
 }

@@ -194,15 +194,20 @@ impl TokenHygiene {
         Ok(invalid)
     }
 
-    /// Records a token as gone for good (idempotent) and adds it to the filter.
+    /// Records a token as gone for good (idempotent) and adds it to the filter. The
+    /// reason is the provider's text: escaped and capped as a dead letter's is
+    /// ([`crate::store::safe_text_capped`]), so that no byte in it can make the write fail.
+    /// The token itself is stored only as its hash. Retrying is the caller's choice.
     pub async fn record_invalid(&self, token: &str, reason: &str) -> Result<(), HygieneError> {
         let hash = token_hash(token);
+        let reason =
+            crate::store::safe_text_capped(reason, crate::store::dead_letters::MAX_REASON_BYTES);
         sqlx::query(
             "INSERT INTO invalid_tokens (token_hash, reason) VALUES ($1, $2) \
              ON CONFLICT (token_hash) DO NOTHING",
         )
         .bind(hash.as_slice())
-        .bind(reason)
+        .bind(reason.as_ref())
         .execute(&self.pool)
         .await?;
         self.filter.insert(bloom_key(&hash));

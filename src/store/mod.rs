@@ -23,11 +23,14 @@ pub use dead_letters::{DeadLetter, StoredDeadLetter};
 pub use delivery::{series, totals, Point, Totals, MAX_SERIES_RANGE};
 pub use listen::{CampaignSnapshot, CampaignWatcher, WatcherConfig};
 pub use progress::JobProgress;
-pub use prune::{prune, prune_before, PruneReport};
+pub use prune::{
+    prune, prune_before, prune_dead_letters_before, prune_with_dead_letters, PruneReport,
+};
 
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
+use std::borrow::Cow;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -53,28 +56,32 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
-/// TEMP (replaced by the store helper's version at merge).
-pub fn sqlx_is_transient(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c.starts_with("40")),
-        _ => false,
-    }
-}
-
 impl StoreError {
-    /// TEMP.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Database(e) if sqlx_is_transient(e))
-    }
-
     /// The field a refused value belongs to, when the error is about one.
     pub fn field(&self) -> Option<&'static str> {
         match self {
             StoreError::Invalid { field, .. } => Some(field),
             _ => None,
+        }
+    }
+
+    /// Whether the same operation may succeed if retried later: a lost or refused
+    /// connection, a pool that timed out, a serialization failure or deadlock, a server
+    /// short of resources or shutting down, a lock not available. Everything else (a
+    /// value the database refuses, a constraint, a closed pool, a bad URL) fails again
+    /// the same way, so retrying it would stall whatever waits on it.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Database(e) => sqlx_is_transient(e),
+            StoreError::Migrate(
+                sqlx::migrate::MigrateError::Execute(e)
+                | sqlx::migrate::MigrateError::ExecuteMigration(e, _),
+            ) => sqlx_is_transient(e),
+            StoreError::InvalidUrl(_)
+            | StoreError::Invalid { .. }
+            | StoreError::CampaignNotFound(_)
+            | StoreError::Corrupt { .. }
+            | StoreError::Migrate(_) => false,
         }
     }
 
@@ -84,6 +91,56 @@ impl StoreError {
             reason: reason.into(),
         }
     }
+}
+
+/// See [`StoreError::is_transient`].
+pub fn sqlx_is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        // The connection broke (or its TLS or wire protocol did): a new one may work.
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| sqlstate_is_transient(&c)),
+        _ => false,
+    }
+}
+
+/// Whether a SQLSTATE names a condition that can pass: class 08 (connection exception),
+/// 40001 (serialization failure), 40P01 (deadlock), class 53 (insufficient resources),
+/// 57P01/57P02/57P03 (server shutting down or starting), 55P03 (lock not available).
+/// Data errors (class 22) and constraint violations (class 23) are not.
+pub fn sqlstate_is_transient(code: &str) -> bool {
+    matches!(
+        code,
+        "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03"
+    ) || (code.len() == 5 && (code.starts_with("08") || code.starts_with("53")))
+}
+
+/// A text that PostgreSQL stores whatever it holds: U+0000 (which a `text` value cannot
+/// hold: SQLSTATE 22021) becomes the two visible characters `\0`. Nothing else changes,
+/// so a `\0` already in the text reads the same as an escaped NUL. In a UTF-8 database
+/// (what [`migrate`] expects) every other character is accepted.
+pub fn safe_text(s: &str) -> Cow<'_, str> {
+    if s.contains('\0') {
+        Cow::Owned(s.replace('\0', "\\0"))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+/// [`safe_text`] of the longest prefix of `s` whose escaped form is at most `max_bytes`
+/// long, cut on a character boundary (never inside an escape).
+pub fn safe_text_capped(s: &str, max_bytes: usize) -> Cow<'_, str> {
+    let mut len = 0;
+    let mut end = s.len();
+    for (i, c) in s.char_indices() {
+        let width = if c == '\0' { 2 } else { c.len_utf8() };
+        if len + width > max_bytes {
+            end = i;
+            break;
+        }
+        len += width;
+    }
+    safe_text(&s[..end])
 }
 
 /// CHECK constraints (named in the migrations) and the field each one guards.
@@ -132,9 +189,15 @@ const CONSTRAINT_FIELDS: &[(&str, &str, &str)] = &[
     (
         "dead_letters_kind_known",
         "kind",
-        "must be one of malformed_job, invalid_job, undeliverable",
+        "must be one of malformed_job, invalid_job, undeliverable, expired_offset",
     ),
     ("dead_letters_raw_size", "raw", "must be at most 1 MiB"),
+    (
+        "dead_letters_kafka_key_size",
+        "key",
+        "must be at most 64 KiB, with its length 0 or more",
+    ),
+    ("dead_letters_device_non_negative", "device", "must be 0 or more"),
 ];
 
 impl From<sqlx::Error> for StoreError {
@@ -232,7 +295,7 @@ pub enum DeadLetterKind {
     InvalidJob,
     /// A device that could not be delivered: a permanent provider failure or too many attempts.
     Undeliverable,
-    /// A parked job whose offset retention deleted before it was re-read.
+    /// A parked job whose offset the broker's retention deleted before it was re-read.
     ExpiredOffset,
 }
 
@@ -255,10 +318,108 @@ impl std::str::FromStr for DeadLetterKind {
             "malformed_job" => Ok(DeadLetterKind::MalformedJob),
             "invalid_job" => Ok(DeadLetterKind::InvalidJob),
             "undeliverable" => Ok(DeadLetterKind::Undeliverable),
+            "expired_offset" => Ok(DeadLetterKind::ExpiredOffset),
             other => Err(StoreError::Corrupt {
                 table: "dead_letters",
                 reason: format!("unknown kind {other:?}"),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_that_can_pass_are_transient() {
+        for code in [
+            "08000", "08003", "08006", "08001", "08004", "08P01", "40001", "40P01", "53000",
+            "53100", "53200", "53300", "53400", "57P01", "57P02", "57P03", "55P03",
+        ] {
+            assert!(sqlstate_is_transient(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn data_errors_and_the_rest_are_not_transient() {
+        for code in [
+            "22021", "22001", "22P02", "22P05", "23505", "23514", "23502", "40000", "40002",
+            "40003", "42P01", "42601", "55000", "55006", "57014", "57P04", "XX000", "08", "530",
+            "", "0800000",
+        ] {
+            assert!(!sqlstate_is_transient(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn connection_and_pool_errors_are_transient_but_a_closed_pool_is_not() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(StoreError::Database(sqlx::Error::Io(io)).is_transient());
+        assert!(StoreError::Database(sqlx::Error::Tls("handshake".into())).is_transient());
+        assert!(StoreError::Database(sqlx::Error::Protocol("eof".into())).is_transient());
+        assert!(StoreError::Database(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(!StoreError::Database(sqlx::Error::PoolClosed).is_transient());
+        assert!(!StoreError::Database(sqlx::Error::RowNotFound).is_transient());
+        assert!(!StoreError::Database(sqlx::Error::Decode("bad".into())).is_transient());
+        assert!(StoreError::from(sqlx::Error::PoolTimedOut).is_transient());
+        let migrate = sqlx::migrate::MigrateError::Execute(sqlx::Error::PoolTimedOut);
+        assert!(StoreError::Migrate(migrate).is_transient());
+        assert!(
+            !StoreError::Migrate(sqlx::migrate::MigrateError::VersionMissing(1)).is_transient()
+        );
+        assert!(!StoreError::invalid("kind", "unknown").is_transient());
+        assert!(!StoreError::InvalidUrl("x".into()).is_transient());
+        assert!(!StoreError::CampaignNotFound("c".into()).is_transient());
+    }
+
+    #[test]
+    fn safe_text_makes_nul_visible_and_leaves_the_rest() {
+        assert!(matches!(safe_text("plain ünïcode ✓"), Cow::Borrowed(_)));
+        assert_eq!(safe_text("plain ünïcode ✓"), "plain ünïcode ✓");
+        assert_eq!(safe_text("a\0b\0"), "a\\0b\\0");
+        assert_eq!(safe_text("\0"), "\\0");
+        assert_eq!(safe_text(""), "");
+        // Other control characters and backslashes are valid text: kept as they are.
+        assert_eq!(safe_text("tab\there \\ \u{1}"), "tab\there \\ \u{1}");
+        assert!(!safe_text("x\0y").contains('\0'));
+    }
+
+    #[test]
+    fn safe_text_capped_cuts_on_a_character_and_never_inside_an_escape() {
+        assert_eq!(safe_text_capped("abcdef", 4), "abcd");
+        assert_eq!(safe_text_capped("abc", 10), "abc");
+        // "é" is two bytes: a cap inside it drops it whole.
+        assert_eq!(safe_text_capped("aé", 2), "a");
+        assert_eq!(safe_text_capped("aé", 3), "aé");
+        // The escape takes two bytes: a cap of 2 after "a" cannot hold it.
+        assert_eq!(safe_text_capped("a\0b", 2), "a");
+        assert_eq!(safe_text_capped("a\0b", 3), "a\\0");
+        assert_eq!(safe_text_capped("a\0b", 4), "a\\0b");
+        assert_eq!(safe_text_capped("\0\0\0", 5), "\\0\\0");
+        assert_eq!(safe_text_capped("anything", 0), "");
+        let long = "€".repeat(2000);
+        let capped = safe_text_capped(&long, 4096);
+        assert_eq!(
+            capped.len(),
+            4095,
+            "1365 three-byte characters fit in 4096 bytes"
+        );
+    }
+
+    #[test]
+    fn dead_letter_kinds_round_trip() {
+        for kind in [
+            DeadLetterKind::MalformedJob,
+            DeadLetterKind::InvalidJob,
+            DeadLetterKind::Undeliverable,
+            DeadLetterKind::ExpiredOffset,
+        ] {
+            assert_eq!(kind.as_str().parse::<DeadLetterKind>().unwrap(), kind);
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.as_str()));
+        }
+        assert_eq!(DeadLetterKind::ExpiredOffset.as_str(), "expired_offset");
+        assert!("expired".parse::<DeadLetterKind>().is_err());
     }
 }

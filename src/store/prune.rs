@@ -1,5 +1,6 @@
-//! Retention: deletes old per-second counts, completed job progress and the flush markers
-//! of flushers that are gone, in batches so that no statement holds locks for long.
+//! Retention: deletes old per-second counts, completed job progress, the flush markers
+//! of flushers that are gone and old dead letters, in batches so that no statement holds
+//! locks for long.
 
 use super::StoreError;
 use chrono::{DateTime, Duration, Utc};
@@ -11,24 +12,72 @@ pub struct PruneReport {
     pub seconds_deleted: u64,
     pub progress_deleted: u64,
     pub markers_deleted: u64,
+    /// Dead letters deleted ([`prune_before`] leaves them; see [`prune_dead_letters_before`]).
+    pub dead_letters: u64,
 }
 
-/// Deletes what is older than `older_than` before now; see [`prune_before`].
+/// The most dead letters one statement deletes, whatever `batch` is: each may hold a
+/// 1 MiB message, so this bounds the work (and the locks) of one statement.
+pub const MAX_DEAD_LETTER_BATCH: i64 = 10_000;
+
+/// Deletes what is older than `older_than` before now, dead letters included; see
+/// [`prune_before`] and [`prune_dead_letters_before`].
 pub async fn prune(
     pool: &PgPool,
     older_than: Duration,
     batch: i64,
 ) -> Result<PruneReport, StoreError> {
-    if older_than < Duration::zero() {
+    prune_with_dead_letters(pool, older_than, older_than, batch).await
+}
+
+/// Like [`prune`], but dead letters are deleted when older than `dead_letters_older_than`.
+pub async fn prune_with_dead_letters(
+    pool: &PgPool,
+    older_than: Duration,
+    dead_letters_older_than: Duration,
+    batch: i64,
+) -> Result<PruneReport, StoreError> {
+    let cutoff = cutoff_before_now("older_than", older_than)?;
+    let dead_letters_cutoff =
+        cutoff_before_now("dead_letters_older_than", dead_letters_older_than)?;
+    let mut report = prune_before(pool, cutoff, batch).await?;
+    report.dead_letters = prune_dead_letters_before(pool, dead_letters_cutoff, batch).await?;
+    Ok(report)
+}
+
+fn cutoff_before_now(field: &'static str, age: Duration) -> Result<DateTime<Utc>, StoreError> {
+    if age < Duration::zero() {
         return Err(StoreError::invalid(
-            "older_than",
-            format!("must not be negative, got {older_than}"),
+            field,
+            format!("must not be negative, got {age}"),
         ));
     }
-    let cutoff = Utc::now()
-        .checked_sub_signed(older_than)
-        .unwrap_or(DateTime::<Utc>::MIN_UTC);
-    prune_before(pool, cutoff, batch).await
+    Ok(Utc::now()
+        .checked_sub_signed(age)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC))
+}
+
+/// Deletes the dead letters created before `cutoff`, at most `batch` (and at most
+/// [`MAX_DEAD_LETTER_BATCH`]) per statement, each statement its own transaction.
+pub async fn prune_dead_letters_before(
+    pool: &PgPool,
+    cutoff: DateTime<Utc>,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    if batch < 1 {
+        return Err(StoreError::invalid(
+            "batch",
+            format!("must be at least 1, got {batch}"),
+        ));
+    }
+    in_batches(
+        pool,
+        "DELETE FROM dead_letters WHERE id IN ( \
+             SELECT id FROM dead_letters WHERE created_at < $1 LIMIT $2)",
+        cutoff,
+        batch.min(MAX_DEAD_LETTER_BATCH),
+    )
+    .await
 }
 
 /// Deletes the seconds before `cutoff`, the progress of jobs completed before it (never
@@ -74,6 +123,7 @@ pub async fn prune_before(
         seconds_deleted,
         progress_deleted,
         markers_deleted,
+        ..PruneReport::default()
     })
 }
 

@@ -645,10 +645,13 @@ async fn dead_letters_are_listed_newest_first_in_pages() {
             device_token: Some("tok"),
             reason: "permanent failure (HTTP 410)",
             raw: raw.as_bytes(),
+            key: None,
+            device: None,
         };
         ids.push(
             pushpace::store::dead_letters::insert(&app.pool, &letter)
                 .await
+                .unwrap()
                 .unwrap(),
         );
     }
@@ -665,9 +668,12 @@ async fn dead_letters_are_listed_newest_first_in_pages() {
             device_token: None,
             reason: "not JSON",
             raw: &big,
+            key: None,
+            device: None,
         },
     )
     .await
+    .unwrap()
     .unwrap();
 
     let r = app.get("/api/dead-letters").await;

@@ -5,6 +5,7 @@ mod broker;
 mod browser;
 mod capping;
 mod cli;
+mod dead_letters;
 mod distributed;
 mod helpers;
 mod hygiene;

@@ -798,8 +798,10 @@ async fn dead_letters_are_paged_newest_first() {
             device_token: Some(&token),
             reason: "410 Gone: the token is no longer registered",
             raw: &raw,
+            key: None,
+            device: None,
         };
-        ids.push(dead_letters::insert(&pool, &letter).await.unwrap());
+        ids.push(dead_letters::insert(&pool, &letter).await.unwrap().unwrap());
     }
     let huge = vec![b'x'; MAX_RAW_BYTES + 10];
     for i in 0..5 {
@@ -813,6 +815,8 @@ async fn dead_letters_are_paged_newest_first() {
             device_token: None,
             reason: "not valid JSON: expected value at line 1 column 1",
             raw: &huge,
+            key: None,
+            device: None,
         };
         dead_letters::insert(&pool, &letter).await.unwrap();
     }
@@ -846,7 +850,7 @@ async fn dead_letters_are_paged_newest_first() {
             first.partition,
             first.kafka_offset,
             first.device_token.as_deref(),
-            first.raw.as_slice()
+            first.raw_prefix.as_slice()
         ),
         (
             DeadLetterKind::Undeliverable,
@@ -862,8 +866,7 @@ async fn dead_letters_are_paged_newest_first() {
     let malformed = &all[0];
     assert_eq!(malformed.kind, DeadLetterKind::MalformedJob);
     assert_eq!(
-        malformed.raw.len(),
-        MAX_RAW_BYTES,
+        malformed.raw_len, MAX_RAW_BYTES,
         "raw is truncated at 1 MiB"
     );
     assert_eq!(malformed.campaign_id, None);
