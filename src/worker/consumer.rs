@@ -114,6 +114,8 @@ struct Pending {
 struct Lookups {
     /// Devices already done (stored progress).
     already_done: u32,
+    /// Devices after `already_done` also done (stored progress).
+    done: Vec<u32>,
     /// Devices whose tokens are recorded invalid.
     invalid: Vec<u32>,
     /// Devices at the shared frequency cap.
@@ -855,6 +857,7 @@ impl Loop {
                 partition: p.partition,
                 offset: p.offset,
                 already_done,
+                skip_done: found.done,
                 settings: p.settings,
                 skip_invalid: found.invalid,
                 skip_capped: found.capped,
@@ -949,9 +952,9 @@ impl Loop {
     }
 }
 
-/// A job's lookups: how many devices its stored progress has done (0 for a job_id
-/// stored by another campaign), which of its tokens are recorded invalid, and, with a
-/// shared cap, which of the others are at the cap (the rest get a reservation).
+/// A job's lookups: which devices its campaign's stored progress has done (the prefix,
+/// then those after it), which of its tokens are recorded invalid, and, with a shared
+/// cap, which of the others are at the cap (the rest get a reservation).
 /// Retried until the database and Redis answer: the job waits, it is never dropped.
 async fn lookups(
     pool: PgPool,
@@ -961,16 +964,12 @@ async fn lookups(
     db_down: Arc<AtomicBool>,
 ) -> Lookups {
     let found = retry_async("progress lookup", &db_down, || {
-        progress::lookup(&pool, &job.job_id)
+        progress::lookup(&pool, &job.campaign_id, &job.job_id)
     })
     .await;
-    let already_done = match found {
-        Some(p) if p.campaign_id == job.campaign_id => p.devices_done,
-        Some(p) => {
-            tracing::warn!(job_id = %job.job_id, stored_campaign = %p.campaign_id, "job_id reused by another campaign; sending it in full");
-            0
-        }
-        None => 0,
+    let (already_done, done) = match found {
+        Some(p) => (p.devices_done, p.finished_after_prefix().collect()),
+        None => (0, Vec::new()),
     };
     let invalid = match &hygiene {
         Some(h) => {
@@ -983,12 +982,16 @@ async fn lookups(
     };
     let capped = match &shared_cap {
         Some(cap) => {
+            // Devices done before are not sent again: no reservation for them either.
+            let mut skip: Vec<u32> = invalid.iter().chain(&done).copied().collect();
+            skip.sort_unstable();
+            skip.dedup();
             cap.reserve(
                 &job.campaign_id,
                 &job.job_id,
                 &job.devices,
                 already_done,
-                &invalid,
+                &skip,
             )
             .await
         }
@@ -996,6 +999,7 @@ async fn lookups(
     };
     Lookups {
         already_done,
+        done,
         invalid,
         capped,
     }
