@@ -156,9 +156,10 @@ mod tests {
     fn the_finished_set_is_decoded_past_the_prefix() {
         let after = format!("01{}1", "0".repeat(70));
         let p = decode(row(100, 3, &after)).unwrap();
-        assert_eq!(p.finished_after_prefix().collect::<Vec<_>>(), [4, 76]);
+        // Bit 1 and bit 72 past the prefix of 3.
+        assert_eq!(p.finished_after_prefix().collect::<Vec<_>>(), [4, 75]);
         assert_eq!(p.devices_finished, 5);
-        assert!(p.is_finished(0) && p.is_finished(2) && p.is_finished(4) && p.is_finished(76));
+        assert!(p.is_finished(0) && p.is_finished(2) && p.is_finished(4) && p.is_finished(75));
         assert!(!p.is_finished(3) && !p.is_finished(5) && !p.is_finished(99));
         let none = decode(row(10, 10, "")).unwrap();
         assert_eq!(none.finished_after_prefix().count(), 0);
