@@ -160,11 +160,7 @@ impl JobCell {
         let shift = from % 64;
         // Acquire: a device seen finished has its count recorded before (the scheduler
         // counts, then marks), so the counts drained after this include it.
-        let word = |i: usize| {
-            self.bits
-                .get(i)
-                .map_or(0, |w| w.load(Ordering::Acquire))
-        };
+        let word = |i: usize| self.bits.get(i).map_or(0, |w| w.load(Ordering::Acquire));
         let mut out: Vec<u64> = (first..self.bits.len())
             .map(|i| {
                 let w = word(i) >> shift;
@@ -329,7 +325,11 @@ mod tests {
         job.mark(5);
         assert_eq!(devices(&cell.take_change().unwrap()), [5, 70, 130, 199]);
         job.set_done(4);
-        assert_eq!(cell.take_change().unwrap().done, 4, "a prefix move is a change");
+        assert_eq!(
+            cell.take_change().unwrap().done,
+            4,
+            "a prefix move is a change"
+        );
     }
 
     #[test]
@@ -392,7 +392,10 @@ mod tests {
             for prefix in [0, 1, 63, 64, 65, total / 2, total] {
                 let prefix = prefix.min(total);
                 let (cell, job) = cell(total);
-                let odd: Vec<u64> = (prefix..total).filter(|d| d % 3 == 1).map(u64::from).collect();
+                let odd: Vec<u64> = (prefix..total)
+                    .filter(|d| d % 3 == 1)
+                    .map(u64::from)
+                    .collect();
                 for &d in &odd {
                     job.mark(d as u32);
                 }

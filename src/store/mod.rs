@@ -15,8 +15,8 @@ pub mod campaigns;
 pub mod dead_letters;
 pub mod delivery;
 pub mod listen;
-pub mod progress;
 pub mod offsets;
+pub mod progress;
 pub mod prune;
 
 pub use campaigns::{Campaign, CampaignDefaults, CampaignPatch, CampaignStatus, CampaignSummary};

@@ -108,7 +108,10 @@ pub async fn lookup(
 fn decode(r: ProgressRow) -> Result<JobProgress, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         table: "job_progress",
-        reason: format!("job {:?} of campaign {:?}: {reason}", r.job_id, r.campaign_id),
+        reason: format!(
+            "job {:?} of campaign {:?}: {reason}",
+            r.job_id, r.campaign_id
+        ),
     };
     let devices_total =
         u32::try_from(r.devices_total).map_err(|_| corrupt("negative devices_total".into()))?;
@@ -117,8 +120,7 @@ fn decode(r: ProgressRow) -> Result<JobProgress, StoreError> {
     if devices_done > devices_total {
         return Err(corrupt("devices_done past devices_total".into()));
     }
-    let done_after =
-        decode_after(&r.done_after, devices_total - devices_done).map_err(corrupt)?;
+    let done_after = decode_after(&r.done_after, devices_total - devices_done).map_err(corrupt)?;
     let after: u32 = done_after.iter().map(|w| w.count_ones()).sum();
     Ok(JobProgress {
         devices_total,
@@ -126,9 +128,9 @@ fn decode(r: ProgressRow) -> Result<JobProgress, StoreError> {
         devices_finished: devices_done + after,
         done_after,
         job_id: r.job_id,
-            campaign_id: r.campaign_id,
-            partition: r.partition,
-            kafka_offset: r.kafka_offset,
+        campaign_id: r.campaign_id,
+        partition: r.partition,
+        kafka_offset: r.kafka_offset,
         completed_at: r.completed_at,
         updated_at: r.updated_at,
     })
@@ -171,7 +173,13 @@ mod tests {
         for (total, done, after) in [(4, 2, "111"), (4, 5, ""), (4, -1, ""), (4, 0, "1x")] {
             let err = decode(row(total, done, after)).unwrap_err();
             assert!(
-                matches!(err, StoreError::Corrupt { table: "job_progress", .. }),
+                matches!(
+                    err,
+                    StoreError::Corrupt {
+                        table: "job_progress",
+                        ..
+                    }
+                ),
                 "{total} {done} {after:?}: {err}"
             );
         }

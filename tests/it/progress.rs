@@ -61,7 +61,10 @@ async fn the_same_job_id_under_two_campaigns_keeps_separate_progress() {
     let b = stored(&pool, "second", "shared-id").await;
     assert_eq!(b.finished_after_prefix().collect::<Vec<_>>(), [4]);
     assert_eq!(stored(&pool, "first", "shared-id").await, a);
-    assert_eq!(progress::lookup(&pool, "third", "shared-id").await.unwrap(), None);
+    assert_eq!(
+        progress::lookup(&pool, "third", "shared-id").await.unwrap(),
+        None
+    );
 }
 
 #[tokio::test]
@@ -77,7 +80,10 @@ async fn a_device_pinned_at_index_0_does_not_hold_back_the_others() {
     assert_eq!(report.statements, 1);
     let p = stored(&pool, "pinned", "job").await;
     assert_eq!((p.devices_done, p.devices_finished), (0, N - 1));
-    assert_eq!(p.finished_after_prefix().collect::<Vec<_>>(), (1..N).collect::<Vec<_>>());
+    assert_eq!(
+        p.finished_after_prefix().collect::<Vec<_>>(),
+        (1..N).collect::<Vec<_>>()
+    );
     assert!(!p.is_finished(0) && !p.is_complete());
     // Device 0 at last: the job is complete, the bitmap folded into the prefix.
     finish(&job, [0], N);
@@ -124,7 +130,11 @@ async fn finished_sets_of_odd_sizes_round_trip_and_unite() {
         let p = stored(&pool, "odd", &format!("job-{total}")).await;
         let (done, want) = normalised(total, total / 2);
         assert_eq!(p.devices_done, done, "{total} devices");
-        assert_eq!(p.finished_after_prefix().collect::<Vec<_>>(), want, "{total} devices");
+        assert_eq!(
+            p.finished_after_prefix().collect::<Vec<_>>(),
+            want,
+            "{total} devices"
+        );
         assert_eq!(p.is_complete(), done == total, "{total} devices");
     }
     // Another worker's stale set for the 10,000-device job (prefix 100, device 101 and
@@ -165,13 +175,23 @@ async fn prune_keeps_completed_progress_until_its_offset_is_committed() {
             .await
             .unwrap()
     };
-    assert_eq!(prune().await.unwrap().progress_deleted, 0, "nothing committed yet");
+    assert_eq!(
+        prune().await.unwrap().progress_deleted,
+        0,
+        "nothing committed yet"
+    );
 
     // The commit of "jobs" is past offset 5; another topic's commit on partition 0 is not.
-    offsets::record_committed(&pool, "jobs", &[(0, 6)]).await.unwrap();
-    offsets::record_committed(&pool, "older", &[(0, 3)]).await.unwrap();
+    offsets::record_committed(&pool, "jobs", &[(0, 6)])
+        .await
+        .unwrap();
+    offsets::record_committed(&pool, "older", &[(0, 3)])
+        .await
+        .unwrap();
     assert_eq!(prune().await.unwrap().progress_deleted, 0);
-    offsets::record_committed(&pool, "older", &[(0, 100)]).await.unwrap();
+    offsets::record_committed(&pool, "older", &[(0, 100)])
+        .await
+        .unwrap();
     assert_eq!(prune().await.unwrap().progress_deleted, 1);
     assert_eq!(left().await, ["at-9", "other-partition"]);
 
@@ -181,11 +201,19 @@ async fn prune_keeps_completed_progress_until_its_offset_is_committed() {
         .unwrap();
     assert_eq!(offsets::committed(&pool, "jobs", 0).await.unwrap(), Some(6));
     assert_eq!(offsets::committed(&pool, "jobs", 1).await.unwrap(), Some(7));
-    assert_eq!(prune().await.unwrap().progress_deleted, 1, "partition 1 is past 5");
+    assert_eq!(
+        prune().await.unwrap().progress_deleted,
+        1,
+        "partition 1 is past 5"
+    );
     // A committed offset equal to the job's is the job itself, not yet consumed past.
-    offsets::record_committed(&pool, "jobs", &[(0, 9)]).await.unwrap();
+    offsets::record_committed(&pool, "jobs", &[(0, 9)])
+        .await
+        .unwrap();
     assert_eq!(prune().await.unwrap().progress_deleted, 0);
-    offsets::record_committed(&pool, "jobs", &[(0, 10)]).await.unwrap();
+    offsets::record_committed(&pool, "jobs", &[(0, 10)])
+        .await
+        .unwrap();
     assert_eq!(prune().await.unwrap().progress_deleted, 1);
     assert!(left().await.is_empty());
     offsets::record_committed(&pool, "jobs", &[]).await.unwrap();
@@ -195,7 +223,9 @@ async fn prune_keeps_completed_progress_until_its_offset_is_committed() {
 async fn the_migration_keeps_existing_progress() {
     let url = format!("{}/{}", pg_server(), unique_name("pushpace_test"));
     store::ensure_database(&url).await.unwrap();
-    let pool = store::connect(&url, 2, Duration::from_secs(10)).await.unwrap();
+    let pool = store::connect(&url, 2, Duration::from_secs(10))
+        .await
+        .unwrap();
     const MINE: i64 = 20261125000200;
     for m in store::MIGRATOR.iter().filter(|m| m.version < MINE) {
         sqlx::raw_sql(&m.sql).execute(&pool).await.unwrap();
@@ -213,7 +243,10 @@ async fn the_migration_keeps_existing_progress() {
     }
     let old = stored(&pool, "c", "old").await;
     assert_eq!((old.partition, old.kafka_offset), (2, 7));
-    assert_eq!((old.devices_total, old.devices_done, old.devices_finished), (10, 4, 4));
+    assert_eq!(
+        (old.devices_total, old.devices_done, old.devices_finished),
+        (10, 4, 4)
+    );
     assert!(stored(&pool, "c", "done").await.is_complete());
 }
 

@@ -359,7 +359,10 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
         job.set_done(70);
         assert_eq!(job.durable_done(), Some(40));
     }
-    let stored = progress::lookup(&pool, "crash", "job-1").await.unwrap().unwrap();
+    let stored = progress::lookup(&pool, "crash", "job-1")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (
             stored.campaign_id.as_str(),
@@ -393,7 +396,10 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
         0,
         "a job is forgotten once its completion is durable"
     );
-    let done = progress::lookup(&pool, "crash", "job-1").await.unwrap().unwrap();
+    let done = progress::lookup(&pool, "crash", "job-1")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(done.devices_done, 100);
     assert!(done.completed_at.is_some());
     assert_eq!(store::totals(&pool, "crash").await.unwrap().sent, 98);
@@ -418,7 +424,10 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
     drop(stale);
     flusher.flush_now().await.unwrap();
     assert_eq!(recorder.jobs_tracked(), 0, "a dropped handle is forgotten");
-    assert_eq!(progress::lookup(&pool, "crash", "unknown").await.unwrap(), None);
+    assert_eq!(
+        progress::lookup(&pool, "crash", "unknown").await.unwrap(),
+        None
+    );
 }
 
 use crate::helpers::Proxy;
