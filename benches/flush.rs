@@ -1,7 +1,10 @@
 //! Stats flush cost for 100 campaigns against the real PostgreSQL.
 //!
 //! Each flush writes one new second for each of 100 campaigns plus the progress of 100
-//! jobs (200 rows). `batched` is the [`Flusher`]: one transaction, two UNNEST upserts.
+//! jobs (200 rows). Each job has the most devices a job may have, its device 0 keeps
+//! retrying and 50 more devices finish every second, so every progress row carries the
+//! finished bitmap past a prefix of 0 (the largest progress rows there are); a full job
+//! completes and the next one takes its place. `batched` is the [`Flusher`]: one transaction, two UNNEST upserts.
 //! `naive` is the baseline in the same run: the same rows, one single-row upsert each,
 //! in one transaction. After criterion's report the bench prints the rows per second of
 //! both, their ratio, and statements per flush.
@@ -24,6 +27,16 @@ use tokio::runtime::Runtime;
 const CAMPAIGNS: usize = 100;
 const ROWS_PER_FLUSH: usize = 2 * CAMPAIGNS;
 const BASE: u64 = 1_800_000_000;
+const DEVICES: u32 = pushpace::job::MAX_DEVICES as u32;
+/// Devices finished per job per second.
+const STEP: u32 = 50;
+
+/// After `seconds` seconds of a job stream: its generation and the last device finished
+/// in the current job (devices 1..=that are finished, device 0 is not).
+fn position(seconds: u32) -> (u32, u32) {
+    let per_job = (DEVICES - 1) / STEP;
+    (seconds / per_job, (seconds % per_job + 1) * STEP)
+}
 
 struct Setup {
     rt: Runtime,
@@ -57,10 +70,12 @@ fn setup() -> Setup {
 
 /// 100 campaigns and their jobs, plus the next second to write.
 struct Load {
+    prefix: String,
     counters: Vec<CampaignCounter>,
     jobs: Vec<JobProgressHandle>,
     next_second: u64,
-    done: u32,
+    seconds: u32,
+    generation: u32,
 }
 
 impl Load {
@@ -68,43 +83,72 @@ impl Load {
         let counters = (0..CAMPAIGNS)
             .map(|i| recorder.campaign(&format!("{prefix}-campaign-{i}")))
             .collect();
-        let jobs = (0..CAMPAIGNS)
-            .map(|i| {
-                recorder.track_job(JobKey {
-                    job_id: format!("{prefix}-job-{i}"),
-                    campaign_id: format!("{prefix}-campaign-{i}"),
-                    partition: (i % 8) as i32,
-                    offset: i as i64,
-                    devices_total: u32::MAX,
-                })
-            })
-            .collect();
+        let jobs = Self::jobs(recorder, prefix, 0);
         Self {
+            prefix: prefix.to_string(),
             counters,
             jobs,
             next_second: BASE,
-            done: 0,
+            seconds: 0,
+            generation: 0,
         }
     }
 
+    fn jobs(recorder: &StatsRecorder, prefix: &str, generation: u32) -> Vec<JobProgressHandle> {
+        (0..CAMPAIGNS)
+            .map(|i| {
+                recorder.track_job(JobKey {
+                    job_id: format!("{prefix}-job-{i}-{generation}"),
+                    campaign_id: format!("{prefix}-campaign-{i}"),
+                    partition: (i % 8) as i32,
+                    offset: i64::from(generation) * CAMPAIGNS as i64 + i as i64,
+                    devices_total: DEVICES,
+                })
+            })
+            .collect()
+    }
+
     /// One second of sends for every campaign, and progress for every job.
-    fn record_second(&mut self) {
+    fn record_second(&mut self, recorder: &StatsRecorder) {
         let second = self.next_second;
         self.next_second += 1;
-        self.done += 1000;
+        let (generation, last) = position(self.seconds);
+        self.seconds += 1;
+        if generation != self.generation {
+            // The pinned device finally finishes: the old jobs complete.
+            for j in &self.jobs {
+                j.mark(0);
+                j.set_done(DEVICES);
+            }
+            self.jobs = Self::jobs(recorder, &self.prefix, generation);
+            self.generation = generation;
+        }
         for c in &self.counters {
             c.record(second, Outcome::Sent, 990);
             c.record(second, Outcome::Failed, 3);
             c.record(second, Outcome::Retried, 7);
         }
         for j in &self.jobs {
-            j.set_done(self.done);
+            for d in last + 1 - STEP..=last {
+                j.mark(d);
+            }
         }
     }
 }
 
-/// The baseline: the same 200 rows, one single-row statement each.
-async fn naive_flush(pool: &PgPool, prefix: &str, second: u64, done: i32) {
+/// The bitmap the flusher sends for a job whose devices 1..=last are finished.
+fn bitmap(last: u32) -> Vec<u8> {
+    let mut bytes = vec![0u8; (last / 8 + 1) as usize];
+    for d in 1..=last {
+        bytes[(d / 8) as usize] |= 0x80 >> (d % 8);
+    }
+    bytes
+}
+
+/// The baseline: the same 200 rows, one single-row statement each, after `seconds`.
+async fn naive_flush(pool: &PgPool, prefix: &str, second: u64, seconds: u32) {
+    let (generation, last) = position(seconds);
+    let after = bitmap(last);
     let at = chrono::DateTime::from_timestamp(second as i64, 0).expect("second in range");
     let mut tx = pool.begin().await.expect("begin");
     for i in 0..CAMPAIGNS {
@@ -126,17 +170,22 @@ async fn naive_flush(pool: &PgPool, prefix: &str, second: u64, done: i32) {
     for i in 0..CAMPAIGNS {
         sqlx::query(
             "INSERT INTO job_progress AS p \
-                 (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done) \
-             VALUES ($1, $2, $3, $4, $5, $6) \
-             ON CONFLICT (job_id) DO UPDATE SET \
-                 devices_done = GREATEST(p.devices_done, EXCLUDED.devices_done), updated_at = now()",
+                 (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, \
+                  done_after) \
+             SELECT $1, $2, $3, $4, $5, n.devices_done, n.done_after \
+             FROM job_progress_union(0, ('x' || encode($6, 'hex'))::bit varying, 0, B'') AS n \
+             ON CONFLICT (campaign_id, job_id) DO UPDATE SET \
+                 (devices_done, done_after) = (SELECT m.devices_done, m.done_after \
+                     FROM job_progress_union(p.devices_done, p.done_after, \
+                                             EXCLUDED.devices_done, EXCLUDED.done_after) AS m), \
+                 updated_at = now()",
         )
-        .bind(format!("{prefix}-job-{i}"))
+        .bind(format!("{prefix}-job-{i}-{generation}"))
         .bind(format!("{prefix}-campaign-{i}"))
         .bind((i % 8) as i32)
-        .bind(i as i64)
-        .bind(i32::MAX)
-        .bind(done)
+        .bind(i64::from(generation) * CAMPAIGNS as i64 + i as i64)
+        .bind(DEVICES as i32)
+        .bind(&after)
         .execute(&mut *tx)
         .await
         .expect("naive progress upsert");
@@ -155,18 +204,18 @@ fn flush_benches(c: &mut Criterion, s: &Setup) {
     let mut load = Load::new(&recorder, "crit-batched");
     group.bench_function("batched", |b| {
         b.iter(|| {
-            load.record_second();
+            load.record_second(&recorder);
             s.rt.block_on(flusher.flush_now()).expect("flush");
         })
     });
 
     let mut second = BASE;
-    let mut done = 0;
+    let mut seconds = 0;
     group.bench_function("naive", |b| {
         b.iter(|| {
             second += 1;
-            done += 1000;
-            s.rt.block_on(naive_flush(&s.pool, "crit-naive", second, done));
+            s.rt.block_on(naive_flush(&s.pool, "crit-naive", second, seconds));
+            seconds += 1;
         })
     });
     group.finish();
@@ -196,14 +245,14 @@ fn summary(s: &Setup) {
     let mut load = Load::new(&recorder, "sum-batched");
     // Warm up both paths (connections, plans, first inserts).
     for _ in 0..20 {
-        load.record_second();
+        load.record_second(&recorder);
         s.rt.block_on(flusher.flush_now()).expect("flush");
     }
     let statements_before = flusher.statements();
     let batches_before = flusher.batches_committed();
     let started = Instant::now();
     for _ in 0..FLUSHES {
-        load.record_second();
+        load.record_second(&recorder);
         s.rt.block_on(flusher.flush_now()).expect("flush");
     }
     let batched = started.elapsed();
@@ -211,22 +260,12 @@ fn summary(s: &Setup) {
     let batches = flusher.batches_committed() - batches_before;
 
     for n in 0..20 {
-        s.rt.block_on(naive_flush(
-            &s.pool,
-            "sum-naive",
-            BASE + n,
-            1000 * (n as i32 + 1),
-        ));
+        s.rt.block_on(naive_flush(&s.pool, "sum-naive", BASE + u64::from(n), n));
     }
     let started = Instant::now();
     for n in 0..FLUSHES {
         let second = BASE + 20 + u64::from(n);
-        s.rt.block_on(naive_flush(
-            &s.pool,
-            "sum-naive",
-            second,
-            1000 * (n as i32 + 21),
-        ));
+        s.rt.block_on(naive_flush(&s.pool, "sum-naive", second, n + 20));
     }
     let naive = started.elapsed();
 

@@ -4,7 +4,8 @@
 //! writes it with ONE statement (so one implicit transaction, no BEGIN/COMMIT round
 //! trips): data-modifying CTEs add into `delivery_seconds` for all campaigns' seconds
 //! (`INSERT … SELECT FROM UNNEST(…) ON CONFLICT DO UPDATE`) and upsert `job_progress`
-//! (`devices_done = GREATEST(old, new)`). PostgreSQL runs every data-modifying CTE exactly
+//! (each job's finished set, the prefix `devices_done` and the bitmap `done_after`, united
+//! with the stored one by `job_progress_union`, so it only grows). PostgreSQL runs every data-modifying CTE exactly
 //! once, whether or not the outer query reads it. Adding, not overwriting, lets several
 //! workers share a row; rows are sorted so that concurrent flushers lock shared rows in
 //! the same order and cannot deadlock.
@@ -23,7 +24,7 @@
 //! during an outage wait in the next batch.
 
 use super::counters::{lock, StatsRecorder, OUTCOMES};
-use super::progress::JobCell;
+use super::progress::{JobCell, Snapshot};
 use super::StatsError;
 use crate::store::listen::shutdown_requested;
 use crate::store::StoreError;
@@ -108,8 +109,8 @@ struct Inner {
 #[derive(Default)]
 struct Pending {
     seconds: HashMap<(Arc<str>, u64), [u64; OUTCOMES]>,
-    /// By cell address: one entry per tracked job, holding its highest value.
-    progress: HashMap<usize, (Arc<JobCell>, u32)>,
+    /// By cell address: one entry per tracked job, holding its latest finished set.
+    progress: HashMap<usize, (Arc<JobCell>, Snapshot)>,
 }
 
 impl Pending {
@@ -122,7 +123,7 @@ impl Pending {
 struct Batch {
     seq: u64,
     seconds: Vec<(Arc<str>, DateTime<Utc>, [i64; OUTCOMES])>,
-    progress: Vec<(Arc<JobCell>, u32)>,
+    progress: Vec<(Arc<JobCell>, Snapshot)>,
 }
 
 impl Batch {
@@ -276,12 +277,11 @@ impl Flusher {
             // Forget jobs whose handle was dropped after their last value became durable.
             jobs.retain(|cell| !cell.finished());
             for cell in jobs.iter() {
-                if let Some(done) = cell.take_change() {
-                    let entry = pending
+                if let Some(snapshot) = cell.take_change() {
+                    // A cell's snapshots only grow: the latest holds the earlier ones.
+                    pending
                         .progress
-                        .entry(Arc::as_ptr(cell) as usize)
-                        .or_insert_with(|| (cell.clone(), done));
-                    entry.1 = entry.1.max(done);
+                        .insert(Arc::as_ptr(cell) as usize, (cell.clone(), snapshot));
                 }
             }
         }
@@ -337,7 +337,9 @@ impl Flusher {
             .collect();
         seconds.sort_unstable_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
         let mut progress: Vec<_> = pending.progress.into_values().collect();
-        progress.sort_unstable_by(|a, b| a.0.job_id.cmp(&b.0.job_id));
+        progress.sort_unstable_by(|a, b| {
+            (&a.0.campaign_id, &a.0.job_id).cmp(&(&b.0.campaign_id, &b.0.job_id))
+        });
         let seq = state.next_seq;
         state.next_seq += 1;
         Batch {
@@ -412,8 +414,8 @@ impl Flusher {
         if batch.progress.is_empty() {
             return;
         }
-        for (cell, done) in &batch.progress {
-            cell.mark_durable(*done);
+        for (cell, snapshot) in &batch.progress {
+            cell.mark_durable(snapshot);
         }
         drop(batch);
         lock(&self.inner.recorder.inner.jobs).retain(|cell| !cell.finished());
@@ -429,13 +431,15 @@ impl Flusher {
         let mut partitions: Vec<i32> = Vec::with_capacity(n);
         let mut offsets: Vec<i64> = Vec::with_capacity(n);
         let mut totals: Vec<i32> = Vec::with_capacity(n);
-        let mut done: Vec<i32> = Vec::with_capacity(n);
-        for (cell, d) in &batch.progress {
-            // The same job tracked twice (re-consumed): one row, the furthest value,
+        let mut sets: Vec<Snapshot> = Vec::with_capacity(n);
+        for (cell, snapshot) in &batch.progress {
+            // The same job tracked twice (re-consumed): one row, the union of both,
             // since ON CONFLICT cannot touch a row twice in one statement.
-            if jobs.last() == Some(&&*cell.job_id) {
-                if let Some(last) = done.last_mut() {
-                    *last = (*last).max(clamp_i32(*d));
+            if jobs.last() == Some(&&*cell.job_id)
+                && job_campaigns.last() == Some(&&*cell.campaign_id)
+            {
+                if let Some(last) = sets.last_mut() {
+                    last.union(snapshot);
                 }
                 continue;
             }
@@ -444,8 +448,10 @@ impl Flusher {
             partitions.push(cell.partition);
             offsets.push(cell.offset);
             totals.push(clamp_i32(cell.total));
-            done.push(clamp_i32(*d));
+            sets.push(snapshot.clone());
         }
+        let done: Vec<i32> = sets.iter().map(|s| clamp_i32(s.done)).collect();
+        let after: Vec<Vec<u8>> = sets.iter().map(Snapshot::after_bytes).collect();
         self.count_statement(report);
         sqlx::query(FLUSH)
             .bind(&self.inner.id)
@@ -463,6 +469,7 @@ impl Flusher {
             .bind(&offsets)
             .bind(&totals)
             .bind(&done)
+            .bind(&after)
             .execute(&self.inner.pool)
             .await?;
         Ok(())
@@ -482,8 +489,9 @@ fn clamp_i32(v: u32) -> i32 {
 /// The whole flush in one statement: the batch marker (see the module docs; older
 /// markers of this flusher are dropped, a later batch being written), every
 /// campaign-second added into `delivery_seconds` unless the marker shows the batch was
-/// already committed, and every job's progress upserted (it only moves forward, so
-/// writing it twice is harmless).
+/// already committed, and every job's finished set united with the stored one (it only
+/// grows, so writing it twice is harmless). `done_after` arrives as bytes, first device
+/// in the high bit, and is normalised by `job_progress_union` (see its migration).
 const FLUSH: &str = "\
 WITH marker AS (
     INSERT INTO stats_flushes (flusher_id, seq) VALUES ($1, $2)
@@ -505,18 +513,24 @@ WITH marker AS (
         capped = d.capped + EXCLUDED.capped
 ), progress AS (
     INSERT INTO job_progress AS p
-        (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, completed_at, updated_at)
-    SELECT u.job_id, u.campaign_id, u.partition, u.kafka_offset, u.devices_total, u.devices_done,
-           CASE WHEN u.devices_done >= u.devices_total THEN now() END, now()
-    FROM UNNEST($10::text[], $11::text[], $12::int4[], $13::int8[], $14::int4[], $15::int4[])
-        AS u(job_id, campaign_id, partition, kafka_offset, devices_total, devices_done)
-    ON CONFLICT (job_id) DO UPDATE SET
-        campaign_id = EXCLUDED.campaign_id,
+        (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, done_after,
+         completed_at, updated_at)
+    SELECT u.job_id, u.campaign_id, u.partition, u.kafka_offset, u.devices_total,
+           LEAST(n.devices_done, u.devices_total), n.done_after,
+           CASE WHEN n.devices_done >= u.devices_total THEN now() END, now()
+    FROM UNNEST($10::text[], $11::text[], $12::int4[], $13::int8[], $14::int4[], $15::int4[],
+                $16::bytea[])
+        AS u(job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, after)
+    CROSS JOIN LATERAL job_progress_union(u.devices_done,
+        ('x' || encode(u.after, 'hex'))::bit varying, 0, B'') AS n
+    ON CONFLICT (campaign_id, job_id) DO UPDATE SET
         partition = EXCLUDED.partition,
         kafka_offset = EXCLUDED.kafka_offset,
-        devices_done = LEAST(GREATEST(p.devices_done, EXCLUDED.devices_done), p.devices_total),
-        completed_at = COALESCE(p.completed_at,
-            CASE WHEN GREATEST(p.devices_done, EXCLUDED.devices_done) >= p.devices_total THEN now() END),
+        (devices_done, done_after, completed_at) = (
+            SELECT LEAST(m.devices_done, p.devices_total), m.done_after,
+                   COALESCE(p.completed_at, CASE WHEN m.devices_done >= p.devices_total THEN now() END)
+            FROM job_progress_union(p.devices_done, p.done_after,
+                                    EXCLUDED.devices_done, EXCLUDED.done_after) AS m),
         updated_at = now()
 )
 SELECT 1";

@@ -1,11 +1,12 @@
 //! In-memory per-campaign, per-second delivery counters and their batched flusher.
 //!
-//! The hot path ([`CampaignCounter::record`], [`JobProgressHandle::set_done`]) is a few
-//! atomic operations on memory owned by one campaign or one job: no allocation, no lock
-//! shared between campaigns. A [`Flusher`] drains everything every `interval` into its
-//! own buffer and writes it to PostgreSQL in one transaction of two statements (one
-//! UNNEST upsert for all campaigns' seconds, one for all jobs' progress), so that counts
-//! and progress commit together and a crash loses at most one interval of both.
+//! The hot path ([`CampaignCounter::record`], [`JobProgressHandle::mark`],
+//! [`JobProgressHandle::set_done`]) is a few atomic operations on memory owned by one
+//! campaign or one job: no allocation, no lock shared between campaigns. A [`Flusher`]
+//! drains everything every `interval` into its own buffer and writes it to PostgreSQL in
+//! one statement (UNNEST upserts for all campaigns' seconds and all jobs' finished sets),
+//! so that counts and progress commit together and a crash loses at most one interval of
+//! both, whatever a single device (a retrying one) does.
 //!
 //! - [`counters`]: [`StatsRecorder`], [`CampaignCounter`] and the per-second ring.
 //! - [`progress`]: [`JobKey`] and [`JobProgressHandle`].

@@ -6,6 +6,7 @@
 //! - [`progress`]: how far a job has got, looked up when it is (re)consumed.
 //! - [`dead_letters`]: messages and devices that could not be processed.
 //! - [`listen`]: [`listen::CampaignWatcher`], campaign settings kept fresh by LISTEN/NOTIFY.
+//! - [`offsets`]: the Kafka offsets committed, for retention.
 //! - [`prune`](mod@prune): retention.
 //!
 //! The writes of counts and progress live in [`crate::stats`], which batches them.

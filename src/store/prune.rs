@@ -81,7 +81,8 @@ pub async fn prune_dead_letters_before(
 }
 
 /// Deletes the seconds before `cutoff`, the progress of jobs completed before it (never
-/// an unfinished job's) and flush markers committed before it, at most `batch` rows per
+/// an unfinished job's, nor one whose offset may still be re-delivered; see
+/// `PRUNE_PROGRESS`) and flush markers committed before it, at most `batch` rows per
 /// statement, each statement its own transaction.
 pub async fn prune_before(
     pool: &PgPool,
@@ -102,15 +103,7 @@ pub async fn prune_before(
         batch,
     )
     .await?;
-    let progress_deleted = in_batches(
-        pool,
-        "DELETE FROM job_progress WHERE job_id IN ( \
-             SELECT job_id FROM job_progress \
-             WHERE completed_at IS NOT NULL AND completed_at < $1 LIMIT $2)",
-        cutoff,
-        batch,
-    )
-    .await?;
+    let progress_deleted = in_batches(pool, PRUNE_PROGRESS, cutoff, batch).await?;
     let markers_deleted = in_batches(
         pool,
         "DELETE FROM stats_flushes WHERE (flusher_id, seq) IN ( \
@@ -126,6 +119,21 @@ pub async fn prune_before(
         ..PruneReport::default()
     })
 }
+
+/// Completed progress older than the cutoff, once its job cannot be re-delivered: a
+/// re-delivered job must find its progress, or it is sent again in full. job_progress
+/// has no topic, so the rule is the safe one for any number of topics: some committed
+/// offset is recorded for the job's partition, and every one recorded for it (whatever
+/// the topic) is past the job's offset. A partition no commit was recorded for keeps its
+/// rows.
+const PRUNE_PROGRESS: &str = "\
+DELETE FROM job_progress WHERE (campaign_id, job_id) IN (
+    SELECT p.campaign_id, p.job_id FROM job_progress AS p
+    WHERE p.completed_at IS NOT NULL AND p.completed_at < $1
+      AND EXISTS (SELECT 1 FROM committed_offsets AS c WHERE c.partition = p.partition)
+      AND NOT EXISTS (SELECT 1 FROM committed_offsets AS c
+                      WHERE c.partition = p.partition AND c.committed_offset <= p.kafka_offset)
+    LIMIT $2)";
 
 async fn in_batches(
     pool: &PgPool,

@@ -81,12 +81,16 @@ impl Enricher {
         };
         let capped = match &self.shared_cap {
             Some(cap) => {
+                // Devices done before are not sent again: no reservation for them either.
+                let mut skip: Vec<u32> = invalid.iter().chain(&done_after).copied().collect();
+                skip.sort_unstable();
+                skip.dedup();
                 cap.reserve(
                     &job.campaign_id,
                     &job.job_id,
                     &job.devices,
                     already_done,
-                    &invalid,
+                    &skip,
                 )
                 .await
             }

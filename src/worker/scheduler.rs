@@ -125,9 +125,10 @@ pub struct IncomingJob {
     pub offset: i64,
     /// Devices already finished in an earlier run (from job_progress).
     pub already_done: u32,
-    pub settings: CampaignSettings,
-    /// Device indexes (ascending) after `already_done` finished in an earlier run.
+    /// Device indexes (ascending) after `already_done` also finished in an earlier run
+    /// (from job_progress): marked done without a send, counted nowhere.
     pub skip_done: Vec<u32>,
+    pub settings: CampaignSettings,
     /// Device indexes (ascending) whose tokens are recorded invalid: marked done without
     /// a send or a permit, counted as `skipped_invalid`.
     pub skip_invalid: Vec<u32>,
@@ -161,8 +162,8 @@ impl IncomingJob {
             partition,
             offset,
             already_done: 0,
-            settings,
             skip_done: Vec::new(),
+            settings,
             skip_invalid: Vec::new(),
             skip_capped: Vec::new(),
             dispatched: Default::default(),
@@ -272,10 +273,14 @@ impl ActiveJob {
     fn mark_done(&mut self, i: u32) {
         self.done[(i / 64) as usize] |= 1 << (i % 64);
         self.done_count += 1;
+        self.progress.mark(i);
+        let before = self.done_prefix;
         while self.done_prefix < self.total() && self.is_done(self.done_prefix) {
             self.done_prefix += 1;
         }
-        self.progress.set_done(self.done_prefix);
+        if self.done_prefix != before {
+            self.progress.set_done(self.done_prefix);
+        }
     }
 }
 
@@ -576,8 +581,8 @@ impl Scheduler {
             partition,
             offset,
             already_done,
-            settings,
             skip_done,
+            settings,
             skip_invalid,
             skip_capped,
             dispatched,
@@ -634,8 +639,8 @@ impl Scheduler {
             }
             skipped
         };
-        // Finished in an earlier run: done, and counted then.
-        skip(&skip_done);
+        // Finished before: done, but not skipped now (no count, no skipped_invalid).
+        let _ = skip(&skip_done);
         let skipped = skip(&skip_invalid);
         let capped = skip(&skip_capped);
         for (n, outcome) in [

@@ -12,6 +12,7 @@ mod hygiene;
 mod job;
 mod limiter;
 mod pipeline;
+mod progress;
 mod reliability;
 mod sender;
 mod store;

@@ -359,7 +359,10 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
         job.set_done(70);
         assert_eq!(job.durable_done(), Some(40));
     }
-    let stored = progress::lookup(&pool, "job-1").await.unwrap().unwrap();
+    let stored = progress::lookup(&pool, "crash", "job-1")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (
             stored.campaign_id.as_str(),
@@ -393,7 +396,10 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
         0,
         "a job is forgotten once its completion is durable"
     );
-    let done = progress::lookup(&pool, "job-1").await.unwrap().unwrap();
+    let done = progress::lookup(&pool, "crash", "job-1")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(done.devices_done, 100);
     assert!(done.completed_at.is_some());
     assert_eq!(store::totals(&pool, "crash").await.unwrap().sent, 98);
@@ -408,7 +414,7 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
     stale.set_done(10);
     flusher.flush_now().await.unwrap();
     assert_eq!(
-        progress::lookup(&pool, "job-1")
+        progress::lookup(&pool, "crash", "job-1")
             .await
             .unwrap()
             .unwrap()
@@ -418,7 +424,10 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
     drop(stale);
     flusher.flush_now().await.unwrap();
     assert_eq!(recorder.jobs_tracked(), 0, "a dropped handle is forgotten");
-    assert_eq!(progress::lookup(&pool, "unknown").await.unwrap(), None);
+    assert_eq!(
+        progress::lookup(&pool, "crash", "unknown").await.unwrap(),
+        None
+    );
 }
 
 use crate::helpers::Proxy;
@@ -503,7 +512,7 @@ async fn an_unreachable_database_loses_no_counts_and_raises_backpressure() {
     for s in 10..110 {
         assert_eq!(stored[&(BASE + s)], [1, 2, 0], "second {s}");
     }
-    let progress = progress::lookup(&direct, "job-outage")
+    let progress = progress::lookup(&direct, "outage", "job-outage")
         .await
         .unwrap()
         .unwrap();
@@ -901,6 +910,10 @@ async fn prune_deletes_old_seconds_and_completed_progress_in_batches() {
     .execute(&pool)
     .await
     .unwrap();
+    // Completed progress goes only once its offset is committed (tests/it/progress.rs).
+    store::offsets::record_committed(&pool, "jobs", &[(0, 4)])
+        .await
+        .unwrap();
     let report = store::prune(&pool, chrono::Duration::days(30), 3)
         .await
         .unwrap();
