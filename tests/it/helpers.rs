@@ -311,3 +311,96 @@ pub async fn wait_for(what: &str, limit: std::time::Duration, mut done: impl FnM
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// A PostgreSQL server of a test's own (a new cluster on a free loopback port), so that
+/// the test can stop it without stopping the broker, which stores in the shared one.
+/// Needs Debian's postgresql-common (`pg_createcluster`) and root, as on CI.
+pub struct OwnPostgres {
+    version: String,
+    name: String,
+    pub port: u16,
+}
+
+impl OwnPostgres {
+    pub async fn create() -> OwnPostgres {
+        let version = std::fs::read_dir("/etc/postgresql")
+            .expect("Debian's PostgreSQL (/etc/postgresql)")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .max_by_key(|v| v.parse::<u32>().unwrap_or(0))
+            .expect("a PostgreSQL version");
+        let name = unique_name("pp");
+        let port = free_port();
+        let status = std::process::Command::new("pg_createcluster")
+            .args([&version, &name, "-p", &port.to_string(), "--", "-A", "trust"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("pg_createcluster");
+        assert!(status.success(), "pg_createcluster failed");
+        let pg = OwnPostgres {
+            version,
+            name,
+            port,
+        };
+        pg.start().await;
+        pg
+    }
+
+    fn ctl(&self, args: &[&str]) {
+        let status = std::process::Command::new("pg_ctlcluster")
+            .args([self.version.as_str(), self.name.as_str()])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("pg_ctlcluster");
+        assert!(status.success(), "pg_ctlcluster {args:?} failed");
+    }
+
+    /// Starts the server and waits until it answers.
+    pub async fn start(&self) {
+        self.ctl(&["start"]);
+        let url = format!("postgres://postgres@127.0.0.1:{}/postgres", self.port);
+        wait_for("own PostgreSQL", std::time::Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+        })
+        .await;
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while sqlx::PgPool::connect(&url).await.is_err() {
+            assert!(std::time::Instant::now() < end, "own PostgreSQL never answered");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops the server (fast: open sessions are ended).
+    pub fn stop(&self) {
+        self.ctl(&["stop", "-m", "fast"]);
+    }
+
+    /// A migrated database on this server, and its URL.
+    pub async fn fresh_database(&self) -> (PgPool, String) {
+        let url = format!(
+            "postgres://postgres@127.0.0.1:{}/{}",
+            self.port,
+            unique_name("pushpace_test")
+        );
+        pushpace::store::ensure_database(&url)
+            .await
+            .expect("create test database");
+        let pool = pushpace::store::connect(&url, 5, std::time::Duration::from_secs(10))
+            .await
+            .expect("connect to test database");
+        pushpace::store::migrate(&pool)
+            .await
+            .expect("migrate test database");
+        (pool, url)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("pg_dropcluster")
+            .args([self.version.as_str(), self.name.as_str(), "--stop"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
