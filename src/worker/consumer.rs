@@ -745,7 +745,7 @@ impl Loop {
         offset: i64,
     ) -> Option<Job> {
         let payload = msg.payload().unwrap_or(&[]);
-        let decoded = job::decode(payload, msg.key())
+        let decoded = job::decode(payload)
             .map_err(|e| (e.kind(), e.to_string()))
             .and_then(|j| match header_problem(msg) {
                 Some(reason) => Err((DeadLetterKind::InvalidJob, reason)),
