@@ -787,7 +787,7 @@ async fn dead_letters_are_listed_newest_first_in_pages() {
         )
         .await;
     assert_eq!(r.status, 403, "{}", r.text);
-    assert!(!r.text.contains("tok"), "{}", r.text);
+    assert!(!r.text.contains("device_token"), "{}", r.text);
     let r = app.read("/api/dead-letters").await;
     assert_eq!(r.status, 200, "{}", r.text);
     let items = r.body["items"].as_array().unwrap();
