@@ -511,6 +511,76 @@ async fn put_creates_then_updates_and_names_the_bad_field() {
     app.app.stop().await.unwrap();
 }
 
+/// The migration that sets the rate minimum and the burst maximum moves rows stored
+/// outside them to the nearest bound, then refuses such values from then on.
+#[tokio::test]
+async fn the_rate_minimum_migration_raises_old_rows_then_holds() {
+    let url = format!("{}/{}", pg_server(), unique_name("pushpace_minrate"));
+    pushpace::store::ensure_database(&url).await.unwrap();
+    let pool = pushpace::store::connect(&url, 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    const VERSION: i64 = 20261125000300;
+    // The migrations' own SQL, run in order: those before it, some rows, then it.
+    let sql_of = |keep: &dyn Fn(i64) -> bool| -> Vec<String> {
+        pushpace::store::MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration() && keep(m.version))
+            .map(|m| m.sql.to_string())
+            .collect()
+    };
+    for sql in sql_of(&|v| v < VERSION) {
+        sqlx::raw_sql(&sql).execute(&pool).await.unwrap();
+    }
+    for (id, rate, burst) in [
+        ("tiny", 1e-300, 0),
+        ("slow", 0.0005, 2_147_483_647),
+        ("fine", 0.25, 10),
+    ] {
+        sqlx::query(
+            "INSERT INTO campaigns (id, send_rate, algorithm, burst) VALUES ($1, $2, 'gcra', $3)",
+        )
+        .bind(id)
+        .bind(rate)
+        .bind(burst)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let this = sql_of(&|v| v == VERSION);
+    assert_eq!(this.len(), 1, "the migration is embedded");
+    sqlx::raw_sql(&this[0]).execute(&pool).await.unwrap();
+    let rows: Vec<(String, f64, i32)> =
+        sqlx::query_as("SELECT id, send_rate, burst FROM campaigns ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("fine".to_string(), 0.25, 10),
+            ("slow".to_string(), 0.001, 10_000),
+            ("tiny".to_string(), 0.001, 0),
+        ]
+    );
+    // Every stored rate is now one the code accepts.
+    for (_, rate, _) in &rows {
+        pushpace::limiter::Rate::per_second(*rate).unwrap();
+    }
+    for (rate, burst, field) in [(0.0009, 0, "send_rate"), (1.0, 10_001, "burst")] {
+        let err: pushpace::store::StoreError = sqlx::query(
+            "INSERT INTO campaigns (id, send_rate, algorithm, burst) VALUES ('x', $1, 'gcra', $2)",
+        )
+        .bind(rate)
+        .bind(burst)
+        .execute(&pool)
+        .await
+        .unwrap_err()
+        .into();
+        assert_eq!(err.field(), Some(field), "{rate}/{burst}: {err}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_show_pause_resume_and_unknown_campaigns() {
     let app = spawn_app().await;
