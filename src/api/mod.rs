@@ -152,7 +152,7 @@ pub fn check_campaign_id(field: &'static str, id: &str) -> Result<(), ApiError> 
 
 /// The whole HTTP surface. `hosts` are the `Host` values served (see [`auth`]).
 pub fn router(state: AppState, hosts: auth::AllowedHosts) -> Router {
-    // Changes, and reads of data that is not the operator's alone to see.
+    // Changes, and the dead letters (they hold device tokens and payloads).
     let guarded = Router::new()
         .route(
             "/api/campaigns/{id}",
