@@ -78,7 +78,7 @@ fn bench_decode(c: &mut Criterion) {
         let bytes = job_with(devices).to_json();
         group.throughput(Throughput::Bytes(bytes.len() as u64));
         group.bench_with_input(BenchmarkId::new("pushpace", devices), &bytes, |b, bytes| {
-            b.iter(|| decode(black_box(bytes), Some(b"spring-sale")).unwrap())
+            b.iter(|| decode(black_box(bytes)).unwrap())
         });
         group.bench_with_input(
             BenchmarkId::new("baseline_value", devices),

@@ -432,7 +432,7 @@ impl Ctx {
                     Some(Ok(m)) => {
                         first.get_or_insert_with(Instant::now);
                         read += 1;
-                        match job::decode(m.payload().unwrap_or(&[]), m.key()) {
+                        match job::decode(m.payload().unwrap_or(&[])) {
                             Ok(j) => devices += j.devices.len() as u64,
                             Err(_) => bad += 1,
                         }

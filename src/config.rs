@@ -10,7 +10,8 @@
 //! The result is deserialised into typed structs and validated once; an invalid value
 //! fails start-up with a message naming the key and the reason. Secrets
 //! (`http.admin_token`, `database.url`, which may hold a password) are `SecretString`s,
-//! so neither `Debug` nor logs ever show them.
+//! so neither `Debug` nor logs ever show them; URLs that are shown (`database.url`,
+//! `redis.url`, `sender.url`) go through [`redact_url`] first.
 
 use crate::limiter::{Algorithm, Rate};
 use secrecy::{ExposeSecret, SecretString};
@@ -238,7 +239,59 @@ impl DatabaseSettings {
     pub fn url_for_display(&self) -> String {
         redact_url(self.url.expose_secret())
     }
+
+    /// Removes the query parameters the PostgreSQL driver (sqlx) does not understand
+    /// (`sslpassword`, `passfile`, …): it would ignore them anyway, but it logs each one
+    /// with its value, which may be a secret. Their names alone are logged here.
+    fn drop_unsupported_params(&mut self) {
+        let Ok(mut u) = url::Url::parse(self.url.expose_secret()) else {
+            return;
+        };
+        if u.query().is_none() {
+            return;
+        }
+        let (kept, dropped): (Vec<_>, Vec<_>) = u
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .partition(|(k, _)| PG_PARAMS.contains(&k.as_str()) || k.starts_with("options["));
+        if dropped.is_empty() {
+            return;
+        }
+        let names: Vec<&str> = dropped.iter().map(|(k, _)| k.as_str()).collect();
+        tracing::warn!(
+            parameters = %names.join(", "),
+            "database.url: ignoring query parameters the PostgreSQL driver does not support"
+        );
+        if kept.is_empty() {
+            u.set_query(None);
+        } else {
+            u.query_pairs_mut().clear().extend_pairs(kept);
+        }
+        self.url = SecretString::from(u.to_string());
+    }
 }
+
+/// The query parameters sqlx's PostgreSQL driver reads (besides `options[…]`).
+const PG_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
 
 impl std::fmt::Debug for DatabaseSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -250,17 +303,49 @@ impl std::fmt::Debug for DatabaseSettings {
     }
 }
 
-/// Replaces the password of a URL with `***`; unparsable input is hidden whole.
+/// Query parameters whose value is a secret or names where one is kept (libpq's
+/// `password`, `sslpassword`, `passfile`, `sslkey`; common token names), compared
+/// without case.
+const SECRET_PARAMS: &[&str] = &[
+    "password",
+    "pass",
+    "pwd",
+    "sslpassword",
+    "passfile",
+    "sslkey",
+    "secret",
+    "token",
+    "access_token",
+    "auth",
+    "key",
+    "apikey",
+    "api_key",
+];
+
+/// Replaces the password of a URL, and the value of every query parameter that may hold
+/// a secret, with `***`, for logs, messages and `Debug`; unparsable input is hidden whole.
 pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        Err(_) => "<unparsable url>".to_string(),
+    let Ok(mut u) = url::Url::parse(raw) else {
+        return "<unparsable url>".to_string();
+    };
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
     }
+    if u.query().is_some() {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let secret = SECRET_PARAMS.iter().any(|s| k.eq_ignore_ascii_case(s));
+                let v = if secret { "***".into() } else { v.into_owned() };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    if u.fragment().is_some() {
+        u.set_fragment(Some("***"));
+    }
+    u.to_string()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -413,7 +498,8 @@ pub enum SenderKind {
     Null,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `Debug` shows `url` through [`redact_url`]: it may carry a user and password.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SenderSettings {
     #[serde(deserialize_with = "by_name")]
@@ -437,12 +523,54 @@ pub struct SenderSettings {
     pub http1_client: crate::sender::Http1Client,
 }
 
+impl std::fmt::Debug for SenderSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SenderSettings")
+            .field("kind", &self.kind)
+            .field("url", &redact_url(&self.url))
+            .field("timeout_ms", &self.timeout_ms)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_attempts", &self.max_attempts)
+            .field("retry_base_ms", &self.retry_base_ms)
+            .field("retry_max_ms", &self.retry_max_ms)
+            .field("give_up_after_ms", &self.give_up_after_ms)
+            .field("http2_prior_knowledge", &self.http2_prior_knowledge)
+            .field("http2_connections", &self.http2_connections)
+            .field("http1_client", &self.http1_client)
+            .finish()
+    }
+}
+
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
     pub bind: SocketAddr,
-    /// Empty means "not configured": mutating endpoints are then refused.
+    /// Empty means "not configured": mutating endpoints and dead letters are then refused.
     pub admin_token: SecretString,
+    /// Host header values accepted besides the bound address (`127.0.0.1:PORT`,
+    /// `localhost:PORT`, `[::1]:PORT`): `name` (any port) or `name:port`. In a file a
+    /// list; in `PUSHPACE__HTTP__ALLOWED_HOSTS` or `--set`, comma-separated.
+    #[serde(default, deserialize_with = "host_list")]
+    pub allowed_hosts: Vec<String>,
+}
+
+/// A list of hosts, from a TOML array or a comma-separated string (environment, flags).
+fn host_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Hosts {
+        List(Vec<String>),
+        Text(String),
+    }
+    let list = match Hosts::deserialize(d)? {
+        Hosts::List(l) => l,
+        Hosts::Text(t) => t.split(',').map(str::to_string).collect(),
+    };
+    Ok(list
+        .into_iter()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .collect())
 }
 
 impl HttpSettings {
@@ -456,6 +584,7 @@ impl std::fmt::Debug for HttpSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpSettings")
             .field("bind", &self.bind)
+            .field("allowed_hosts", &self.allowed_hosts)
             .field(
                 "admin_token",
                 &if self.admin_token().is_some() {
@@ -536,7 +665,8 @@ impl Settings {
                 .ok_or_else(|| ConfigError::BadOverride(pair.clone()))?;
             builder = builder.set_override(key.trim(), value.trim())?;
         }
-        let settings: Settings = builder.build()?.try_deserialize()?;
+        let mut settings: Settings = builder.build()?.try_deserialize()?;
+        settings.database.drop_unsupported_params();
         settings.validate()?;
         Ok(settings)
     }
@@ -639,6 +769,16 @@ impl Settings {
             Rate::per_second(self.limiter.global_rate)
                 .map_err(|e| invalid("limiter.global_rate", format!("{e} (or 0 for none)")))?;
         }
+        if self.limiter.burst > crate::store::campaigns::MAX_BURST {
+            return Err(invalid(
+                "limiter.burst",
+                format!(
+                    "must be 0 to {}, got {}",
+                    crate::store::campaigns::MAX_BURST,
+                    self.limiter.burst
+                ),
+            ));
+        }
         if !(1..=10_000).contains(&self.limiter.workers_estimate) {
             return Err(invalid("limiter.workers_estimate", "must be 1–10000"));
         }
@@ -692,6 +832,10 @@ impl Settings {
         }
         if s.timeout_ms == 0 {
             return Err(invalid("sender.timeout_ms", "must be > 0"));
+        }
+        for host in &self.http.allowed_hosts {
+            crate::api::auth::HostPattern::parse(host)
+                .map_err(|e| invalid("http.allowed_hosts", e))?;
         }
         if !(1..=64).contains(&s.http2_connections) {
             return Err(invalid("sender.http2_connections", "must be 1 to 64"));
@@ -816,6 +960,79 @@ mod tests {
         }
         let e = load(&[("PUSHPACE_ENV", "nowhere")], &[]).unwrap_err();
         assert!(e.to_string().contains("nowhere"), "{e}");
+    }
+
+    #[test]
+    fn url_secrets_are_redacted() {
+        assert_eq!(
+            redact_url("https://u:p4ss@push.example:8443/v1?token=t0k&x=1#frag"),
+            "https://u:***@push.example:8443/v1?token=***&x=1#***"
+        );
+        assert_eq!(
+            redact_url(
+                "postgres://app@db/x?sslmode=require&PASSWORD=a&sslpassword=b&passfile=%2Fp"
+            ),
+            "postgres://app@db/x?sslmode=require&PASSWORD=***&sslpassword=***&passfile=***"
+        );
+        assert_eq!(redact_url("http://h/p"), "http://h/p");
+        assert_eq!(redact_url("not a url"), "<unparsable url>");
+
+        let s = load(
+            &[
+                (
+                    "PUSHPACE__SENDER__URL",
+                    "https://user:Sender-Pa55@push.example/send",
+                ),
+                (
+                    "PUSHPACE__DATABASE__URL",
+                    "postgres://app@127.0.0.1/x?password=Q-Pa55&sslpassword=K-Pa55&passfile=%2Fpf-X9",
+                ),
+            ],
+            &[],
+        )
+        .unwrap();
+        let dbg = format!("{s:?}");
+        for secret in ["Sender-Pa55", "Q-Pa55", "K-Pa55", "pf-X9"] {
+            assert!(!dbg.contains(secret), "{secret}: {dbg}");
+        }
+        assert!(dbg.contains("user:***@push.example"), "{dbg}");
+        // The driver's own parameters stay (password still reaches it); the ones it
+        // would log and ignore are dropped.
+        assert_eq!(
+            s.database.url.expose_secret(),
+            "postgres://app@127.0.0.1/x?password=Q-Pa55"
+        );
+        assert_eq!(s.sender.url, "https://user:Sender-Pa55@push.example/send");
+    }
+
+    #[test]
+    fn rates_bursts_and_hosts_are_bounded() {
+        for bad in ["0.0009", "1e-300"] {
+            let e = load(&[], &[&format!("limiter.send_rate={bad}")]).unwrap_err();
+            assert!(e.to_string().contains("at least 0.001"), "{e}");
+            let e = load(&[], &[&format!("limiter.global_rate={bad}")]).unwrap_err();
+            assert!(e.to_string().starts_with("limiter.global_rate: "), "{e}");
+        }
+        assert!(load(&[], &["limiter.send_rate=0.001"]).is_ok());
+        assert!(load(&[], &["limiter.burst=10000"]).is_ok());
+        for bad in ["10001", "2147483647"] {
+            let e = load(&[], &[&format!("limiter.burst={bad}")]).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("limiter.burst: must be 0 to 10000, got {bad}")
+            );
+        }
+        let s = load(
+            &[("PUSHPACE__HTTP__ALLOWED_HOSTS", "a.example, b.example:9000")],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(s.http.allowed_hosts, ["a.example", "b.example:9000"]);
+        assert!(load(&[], &[]).unwrap().http.allowed_hosts.is_empty());
+        for bad in ["http://a.example", "a.example/x", "a.example:port"] {
+            let e = load(&[], &[&format!("http.allowed_hosts={bad}")]).unwrap_err();
+            assert!(e.to_string().starts_with("http.allowed_hosts: "), "{e}");
+        }
     }
 
     #[test]

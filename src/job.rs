@@ -1,7 +1,7 @@
 //! Job messages: decoding and validation of the JSON that arrives on the jobs topic.
 //!
 //! A job is one notification (`payload`) for a list of device tokens, belonging to one
-//! campaign. [`decode`] turns a Kafka message (value and key) into a validated [`Job`] or
+//! campaign. [`decode`] turns a Kafka message value into a validated [`Job`] or
 //! a [`JobError`] that says which field is wrong and how, so that a person reading the
 //! dead-letter table can act on it. The rules are in `docs/JOB_FORMAT.md`.
 //!
@@ -39,7 +39,8 @@ const MAX_ECHO_CHARS: usize = 48;
 pub struct Job {
     /// 1–128 characters from `[A-Za-z0-9._:-]`.
     pub job_id: String,
-    /// 1–128 characters from `[A-Za-z0-9._:-]`; also the Kafka message key.
+    /// 1–128 characters from `[A-Za-z0-9._:-]`. The Kafka message key plays no part:
+    /// it is the producer's partitioning choice.
     pub campaign_id: String,
     /// Used when the campaign is first seen; the campaign's stored settings win after that.
     pub send_rate: Option<Rate>,
@@ -77,7 +78,7 @@ pub enum JobError {
     /// The message is JSON, but not an object.
     #[error("message must be a JSON object, got {0}")]
     NotObject(&'static str),
-    /// A field breaks the job rules. `field` is a path such as `devices[3]` or `key`.
+    /// A field breaks the job rules. `field` is a path such as `devices[3]`.
     #[error("{field}: {problem}")]
     Field { field: String, problem: String },
 }
@@ -111,9 +112,9 @@ impl JobError {
     }
 }
 
-/// Decodes and validates a job from a Kafka message `value`, checking that the message
-/// `key`, when there is one, equals the job's `campaign_id`.
-pub fn decode(value: &[u8], key: Option<&[u8]>) -> Result<Job, JobError> {
+/// Decodes and validates a job from a Kafka message `value`. The message key is not
+/// read: producers key by whatever spreads their load, and the campaign is the body's.
+pub fn decode(value: &[u8]) -> Result<Job, JobError> {
     if value.len() > MAX_MESSAGE_BYTES {
         return Err(JobError::TooLarge {
             size: value.len(),
@@ -147,24 +148,10 @@ pub fn decode(value: &[u8], key: Option<&[u8]>) -> Result<Job, JobError> {
     let parsed = JobSeed { slot: &mut slot }
         .deserialize(&mut de)
         .and_then(|job| de.end().map(|()| job));
-    let job = match parsed {
-        Ok(job) => job,
-        Err(e) => return Err(classify_failure(text, e, slot)),
-    };
-
-    if let Some(key) = key {
-        if key != job.campaign_id.as_bytes() {
-            return Err(JobError::field_problem(
-                "key",
-                format!(
-                    "the message key {} does not match campaign_id {}; produce jobs with the campaign_id as key",
-                    echo(&String::from_utf8_lossy(key)),
-                    echo(&job.campaign_id)
-                ),
-            ));
-        }
+    match parsed {
+        Ok(job) => Ok(job),
+        Err(e) => Err(classify_failure(text, e, slot)),
     }
-    Ok(job)
 }
 
 /// Turns a failed parse into the error a person should see. A syntax error anywhere in
@@ -301,7 +288,10 @@ fn id_char_ok(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
 }
 
-fn check_id(field: &'static str, id: &str) -> Result<(), JobError> {
+/// Checks a `job_id` or `campaign_id` (or any id that must follow the same rule, such as
+/// the API's campaign ids): 1–128 characters from `[A-Za-z0-9._:-]`. The error names
+/// `field` and says what is wrong, with the id escaped.
+pub fn check_id(field: &'static str, id: &str) -> Result<(), JobError> {
     if let Some((pos, c)) = id
         .char_indices()
         .find(|&(_, c)| !(c.is_ascii() && id_char_ok(c as u8)))
@@ -430,6 +420,10 @@ fn rate_problem(e: &RateError) -> String {
     match e {
         RateError::NotFinite(v) => format!("must be a finite number, got {v}"),
         RateError::NotPositive(v) => format!("must be greater than 0 sends per second, got {v}"),
+        RateError::TooLow(v) => format!(
+            "must be at least {} sends per second (one every 1000 s), got {v}",
+            crate::limiter::rate::MIN_RATE_PER_SECOND
+        ),
         RateError::TooHigh(v) => format!(
             "must be at most {} sends per second, got {v}",
             crate::limiter::MAX_RATE_PER_SECOND

@@ -1,7 +1,8 @@
 //! Builds and runs the HTTP application (zero2prod style): [`Application::build`] binds
 //! `http.bind` (port 0 picks a free port, for tests), [`Application::port`] tells which,
 //! and [`Application::run_until_stopped`] serves until its [`Stopper`] fires, finishing
-//! the requests in progress.
+//! the requests in progress. Requests must name the bound address (or a host in
+//! `http.allowed_hosts`) in their `Host` header; see [`crate::api::auth`].
 //!
 //! The API runs next to the worker in `pushpace run`, or alone (no worker: tests of the
 //! endpoints, or a read-only operator view of the database).
@@ -24,6 +25,8 @@ pub enum StartupError {
     Serve(std::io::Error),
     #[error("http server task: {0}")]
     Task(String),
+    #[error("http.allowed_hosts: {0}")]
+    Hosts(String),
 }
 
 /// What the application serves from.
@@ -74,7 +77,6 @@ impl Application {
             .bootstrap
             .unwrap_or_else(|| settings.kafka.brokers.clone());
         let state = AppState::new(deps.pool, settings, bootstrap, deps.worker, metrics);
-        let router = api::router(state);
 
         let bind = settings.http.bind;
         let listener = tokio::net::TcpListener::bind(bind)
@@ -83,6 +85,10 @@ impl Application {
         let addr = listener
             .local_addr()
             .map_err(|source| StartupError::Bind { addr: bind, source })?;
+        // The real port (http.bind may ask for 0) is the one a Host header must name.
+        let hosts = api::auth::AllowedHosts::new(addr, &settings.http.allowed_hosts)
+            .map_err(StartupError::Hosts)?;
+        let router = api::router(state, hosts);
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "the HTTP API listens beyond loopback: put it behind TLS and a firewall");
         }

@@ -24,10 +24,19 @@ pub enum ApiError {
     #[error("the admin token does not match")]
     Forbidden,
     #[error(
-        "changes are disabled: no admin token is configured; set http.admin_token \
-         (e.g. {TOKEN_ENV}=<secret>) and restart pushpace"
+        "changes and dead letters are disabled: no admin token is configured; set \
+         http.admin_token (e.g. {TOKEN_ENV}=<secret>) and restart pushpace"
     )]
     TokenNotConfigured,
+    /// The request's `Host` is neither the bound address nor in `http.allowed_hosts`.
+    #[error(
+        "host {0:?} is not served here: use the address pushpace listens on \
+         (127.0.0.1, localhost or [::1] with its port) or add the host to http.allowed_hosts"
+    )]
+    UnknownHost(String),
+    /// An id in the path or query breaks the id rule.
+    #[error("invalid {field}: {reason}")]
+    InvalidId { field: &'static str, reason: String },
     #[error("invalid {field}: {reason}")]
     Invalid { field: String, reason: String },
     #[error("the request body is larger than {limit} bytes")]
@@ -54,6 +63,8 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden | ApiError::TokenNotConfigured => StatusCode::FORBIDDEN,
             ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::InvalidId { .. } => StatusCode::BAD_REQUEST,
+            ApiError::UnknownHost(_) => StatusCode::MISDIRECTED_REQUEST,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BadBody(_) => StatusCode::BAD_REQUEST,
             ApiError::Store(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -63,6 +74,7 @@ impl ApiError {
     fn field(&self) -> Option<&str> {
         match self {
             ApiError::Invalid { field, .. } => Some(field),
+            ApiError::InvalidId { field, .. } => Some(field),
             _ => None,
         }
     }

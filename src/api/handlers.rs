@@ -2,14 +2,14 @@
 //! value is a 422 naming its field before any SQL runs.
 
 use super::error::ApiError;
-use super::AppState;
+use super::{AppState, CampaignId};
 use crate::limiter::Algorithm;
 use crate::store::campaigns::{self, CampaignPatch, CampaignStatus, CampaignSummary};
 use crate::store::{dead_letters, delivery, StoredDeadLetter, MIGRATOR};
 use crate::worker::scheduler::CampaignLive;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -277,7 +277,7 @@ async fn load_view(state: &AppState, id: &str) -> Result<CampaignView, ApiError>
 
 pub async fn get_campaign(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    CampaignId(id): CampaignId,
 ) -> Result<Json<CampaignView>, ApiError> {
     Ok(Json(load_view(&state, &id).await?))
 }
@@ -363,7 +363,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
 
 pub async fn put_campaign(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    CampaignId(id): CampaignId,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<CampaignView>), ApiError> {
     campaigns::validate_id(&id)?;
@@ -399,14 +399,14 @@ async fn set_status(
 
 pub async fn pause(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    CampaignId(id): CampaignId,
 ) -> Result<Json<CampaignView>, ApiError> {
     set_status(&state, &id, CampaignStatus::Paused).await
 }
 
 pub async fn resume(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    CampaignId(id): CampaignId,
 ) -> Result<Json<CampaignView>, ApiError> {
     set_status(&state, &id, CampaignStatus::Active).await
 }
@@ -437,7 +437,7 @@ fn timestamp(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
 /// to five minutes before `to`.
 pub async fn series(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    CampaignId(id): CampaignId,
     query: Params,
 ) -> Result<Json<Vec<delivery::Point>>, ApiError> {
     let q = params(query, &["from", "to", "last"])?;
@@ -566,12 +566,7 @@ pub async fn dead_letters(
         .transpose()?;
     let campaign = q.get("campaign").map(String::as_str);
     if let Some(c) = campaign {
-        campaigns::validate_id(c).map_err(|e| match e {
-            crate::store::StoreError::Invalid { reason, .. } => {
-                ApiError::invalid("campaign", reason)
-            }
-            other => other.into(),
-        })?;
+        super::check_campaign_id("campaign", c)?;
     }
     let rows = dead_letters::list(state.pool(), campaign, before, limit).await?;
     let next_before = (rows.len() as i64 == limit)

@@ -4,8 +4,11 @@
 //! - `GET /metrics`: Prometheus text ([`crate::metrics`]);
 //! - `GET /api/campaigns`, `GET|PUT /api/campaigns/{id}`,
 //!   `POST /api/campaigns/{id}/pause|resume`, `GET /api/campaigns/{id}/series`;
-//! - `GET /api/dead-letters`;
+//! - `GET /api/dead-letters` (admin token: it holds device tokens and payloads);
 //! - `GET /`: the dashboard, its script and the vendored uPlot, all built into the binary.
+//!
+//! Every request must name an allowed `Host` ([`auth::AllowedHosts`]), and every campaign
+//! id the API takes follows the job format's rule ([`CampaignId`]), refused with 400.
 //!
 //! The API only writes the store: the `campaigns` trigger NOTIFYs, the worker's
 //! `CampaignWatcher` re-reads and the scheduler applies the change within a second. What
@@ -13,7 +16,7 @@
 //! its published snapshots, through [`WorkerView`]; without a worker in the process the
 //! API still serves everything the store holds.
 //!
-//! - [`auth`]: the admin token check on mutating routes.
+//! - [`auth`]: the admin token check and the `Host` check.
 //! - [`error`]: [`ApiError`] and its JSON responses.
 
 pub mod auth;
@@ -27,7 +30,8 @@ use crate::store::CampaignDefaults;
 use crate::worker::consumer::ConsumerStats;
 use crate::worker::scheduler::{CampaignLive, SchedulerStats};
 use crate::worker::Worker;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path};
+use axum::http::request::Parts;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -114,15 +118,49 @@ impl AppState {
     }
 }
 
-/// The whole HTTP surface.
-pub fn router(state: AppState) -> Router {
-    let mutating = Router::new()
+/// A campaign id taken from the path (`{id}`), checked with the job format's rule
+/// (1–128 characters from `[A-Za-z0-9._:-]`): a bad one is a 400 naming it, before any
+/// SQL runs.
+#[derive(Debug, Clone)]
+pub struct CampaignId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for CampaignId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::InvalidId {
+                field: "id",
+                reason: e.body_text(),
+            })?;
+        check_campaign_id("id", &id)?;
+        Ok(CampaignId(id))
+    }
+}
+
+/// Checks a campaign id given as `field` with the job format's rule.
+pub fn check_campaign_id(field: &'static str, id: &str) -> Result<(), ApiError> {
+    crate::job::check_id(field, id).map_err(|e| ApiError::InvalidId {
+        field,
+        reason: match e {
+            crate::job::JobError::Field { problem, .. } => problem,
+            other => other.to_string(),
+        },
+    })
+}
+
+/// The whole HTTP surface. `hosts` are the `Host` values served (see [`auth`]).
+pub fn router(state: AppState, hosts: auth::AllowedHosts) -> Router {
+    // Changes, and the dead letters (they hold device tokens and payloads).
+    let guarded = Router::new()
         .route(
             "/api/campaigns/{id}",
             axum::routing::put(handlers::put_campaign),
         )
         .route("/api/campaigns/{id}/pause", post(handlers::pause))
         .route("/api/campaigns/{id}/resume", post(handlers::resume))
+        .route("/api/dead-letters", get(handlers::dead_letters))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_admin,
@@ -134,11 +172,14 @@ pub fn router(state: AppState) -> Router {
         .route("/api/campaigns", get(handlers::list_campaigns))
         .route("/api/campaigns/{id}", get(handlers::get_campaign))
         .route("/api/campaigns/{id}/series", get(handlers::series))
-        .route("/api/dead-letters", get(handlers::dead_letters))
-        .merge(mutating)
+        .merge(guarded)
         .merge(dashboard::routes())
         .fallback(handlers::no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(hosts),
+            auth::require_known_host,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -4,6 +4,9 @@ use super::clock::{Nanos, NANOS_PER_SEC};
 
 /// The highest rate pushpace accepts: 10 million sends per second.
 pub const MAX_RATE_PER_SECOND: f64 = 10_000_000.0;
+/// The lowest rate pushpace accepts: one send every 1,000 s. A campaign much slower than
+/// this would hold its jobs, and its partition's committed offset, for days.
+pub const MIN_RATE_PER_SECOND: f64 = 0.001;
 
 /// Why a rate was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -12,11 +15,17 @@ pub enum RateError {
     NotFinite(f64),
     #[error("send_rate must be greater than 0, got {0}")]
     NotPositive(f64),
+    #[error(
+        "send_rate must be at least {min} per second (one send every 1000 s), got {0}",
+        min = MIN_RATE_PER_SECOND
+    )]
+    TooLow(f64),
     #[error("send_rate must be at most {max} per second, got {0}", max = MAX_RATE_PER_SECOND)]
     TooHigh(f64),
 }
 
-/// Sends per second: finite, > 0 and ≤ [`MAX_RATE_PER_SECOND`]. Fractional rates (0.5/s) are fine.
+/// Sends per second: finite, ≥ [`MIN_RATE_PER_SECOND`] and ≤ [`MAX_RATE_PER_SECOND`].
+/// Fractional rates (0.5/s) are fine.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
 pub struct Rate {
     per_second: f64,
@@ -30,6 +39,9 @@ impl Rate {
         }
         if per_second <= 0.0 {
             return Err(RateError::NotPositive(per_second));
+        }
+        if per_second < MIN_RATE_PER_SECOND {
+            return Err(RateError::TooLow(per_second));
         }
         if per_second > MAX_RATE_PER_SECOND {
             return Err(RateError::TooHigh(per_second));
@@ -104,8 +116,16 @@ mod tests {
             Err(RateError::NotFinite(_))
         ));
         assert_eq!(Rate::per_second(1e12), Err(RateError::TooHigh(1e12)));
+        assert_eq!(Rate::per_second(1e-300), Err(RateError::TooLow(1e-300)));
+        assert_eq!(
+            Rate::per_second(0.000_999),
+            Err(RateError::TooLow(0.000_999))
+        );
         assert!(Rate::per_second(0.5).is_ok());
+        assert!(Rate::per_second(MIN_RATE_PER_SECOND).is_ok());
         assert!(Rate::per_second(MAX_RATE_PER_SECOND).is_ok());
+        let msg = Rate::per_second(1e-300).unwrap_err().to_string();
+        assert!(msg.contains("at least 0.001 per second"), "{msg}");
         let msg = Rate::per_second(0.0).unwrap_err().to_string();
         assert!(msg.contains("greater than 0"), "{msg}");
     }

@@ -11,8 +11,11 @@ use crate::limiter::{Algorithm, Rate};
 use chrono::{DateTime, Duration, Utc};
 use sqlx::PgPool;
 
-/// Longest campaign id, in characters.
-pub const MAX_ID_CHARS: usize = 128;
+/// Longest campaign id, in characters (the job format's rule).
+pub const MAX_ID_CHARS: usize = crate::job::MAX_ID_CHARS;
+/// The largest burst: permits a limiter may release above its smooth spacing. Beyond
+/// this a campaign's burst swamps its rate and the limiter no longer limits.
+pub const MAX_BURST: u32 = 10_000;
 
 /// Where a campaign is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -62,7 +65,7 @@ impl std::str::FromStr for CampaignStatus {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Campaign {
     pub id: String,
-    /// Sends per second; the schema guarantees 0 < send_rate ≤ 10,000,000.
+    /// Sends per second; the schema guarantees 0.001 ≤ send_rate ≤ 10,000,000.
     pub send_rate: f64,
     pub algorithm: Algorithm,
     pub burst: u32,
@@ -135,16 +138,13 @@ pub struct CampaignSummary {
     pub rate_10s: f64,
 }
 
-/// Checks a campaign id: 1 to 128 characters.
+/// Checks a campaign id with the job format's rule: 1–128 characters from
+/// `[A-Za-z0-9._:-]` (so every id the API takes is one a job can name).
 pub fn validate_id(id: &str) -> Result<(), StoreError> {
-    let chars = id.chars().count();
-    if chars == 0 || chars > MAX_ID_CHARS {
-        return Err(StoreError::invalid(
-            "id",
-            format!("must be 1 to {MAX_ID_CHARS} characters, got {chars}"),
-        ));
-    }
-    Ok(())
+    crate::job::check_id("id", id).map_err(|e| match e {
+        crate::job::JobError::Field { problem, .. } => StoreError::invalid("id", problem),
+        other => StoreError::invalid("id", other.to_string()),
+    })
 }
 
 /// Checks a send rate with the same rules as [`Rate::per_second`].
@@ -158,20 +158,16 @@ pub fn validate_limiter_scope(name: &str) -> Result<LimiterScope, StoreError> {
         .map_err(|e| StoreError::invalid("limiter_scope", e.to_string()))
 }
 
-/// Checks a burst: 0 to i32::MAX (the column is an `integer`).
+/// Checks a burst: 0 to [`MAX_BURST`].
 pub fn validate_burst(burst: i64) -> Result<i32, StoreError> {
-    if burst < 0 {
+    if !(0..=i64::from(MAX_BURST)).contains(&burst) {
         return Err(StoreError::invalid(
             "burst",
-            format!("must be 0 or more, got {burst}"),
+            format!("must be a whole number from 0 to {MAX_BURST}, got {burst}"),
         ));
     }
-    i32::try_from(burst).map_err(|_| {
-        StoreError::invalid(
-            "burst",
-            format!("must be at most {}, got {burst}", i32::MAX),
-        )
-    })
+    // MAX_BURST fits an i32 (the column is an `integer`).
+    Ok(burst as i32)
 }
 
 const COLUMNS: &str =
@@ -407,8 +403,17 @@ mod tests {
             validate_id(&"x".repeat(200)).unwrap_err().field(),
             Some("id")
         );
-        assert!(validate_id(&"é".repeat(128)).is_ok());
-        for bad in [0.0, -1.0, 1e12, f64::NAN, f64::INFINITY] {
+        assert!(validate_id(&"x".repeat(128)).is_ok());
+        assert!(validate_id("Spring.sale_2026:v-1").is_ok());
+        for bad in ["é", "a b", "a/b", "nul\0", "a%20b"] {
+            let e = validate_id(bad).unwrap_err();
+            assert_eq!(e.field(), Some("id"), "{bad}");
+            assert!(
+                e.to_string().contains("[A-Za-z0-9._:-]") || e.to_string().contains("only A-Z"),
+                "{e}"
+            );
+        }
+        for bad in [0.0, -1.0, 1e-300, 0.000_5, 1e12, f64::NAN, f64::INFINITY] {
             assert_eq!(
                 validate_send_rate(bad).unwrap_err().field(),
                 Some("send_rate")
@@ -417,6 +422,12 @@ mod tests {
         assert_eq!(validate_burst(-1).unwrap_err().field(), Some("burst"));
         assert_eq!(validate_burst(1 << 40).unwrap_err().field(), Some("burst"));
         assert_eq!(validate_burst(5).ok(), Some(5));
+        assert_eq!(validate_burst(10_000).ok(), Some(10_000));
+        assert_eq!(validate_burst(10_001).unwrap_err().field(), Some("burst"));
+        assert_eq!(
+            validate_burst(i64::from(i32::MAX)).unwrap_err().field(),
+            Some("burst")
+        );
         assert_eq!(
             validate_limiter_scope("global").unwrap_err().field(),
             Some("limiter_scope")

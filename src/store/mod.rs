@@ -154,14 +154,14 @@ const CONSTRAINT_FIELDS: &[(&str, &str, &str)] = &[
     (
         "campaigns_send_rate_range",
         "send_rate",
-        "must be greater than 0 and at most 10000000 per second",
+        "must be at least 0.001 and at most 10000000 per second",
     ),
     (
         "campaigns_algorithm_known",
         "algorithm",
         "must be one of leaky-bucket, token-bucket, fixed-window, sliding-log, sliding-window, gcra, governor",
     ),
-    ("campaigns_burst_non_negative", "burst", "must be 0 or more"),
+    ("campaigns_burst_range", "burst", "must be 0 to 10000"),
     (
         "campaigns_limiter_scope_known",
         "limiter_scope",

@@ -660,7 +660,7 @@ fn inspect_message<M: Message>(msg: &M) -> Result<Job, Rejection> {
             }
         }
     }
-    crate::job::decode(msg.payload().unwrap_or(&[]), msg.key()).map_err(|e| Rejection {
+    crate::job::decode(msg.payload().unwrap_or(&[])).map_err(|e| Rejection {
         kind: e.kind(),
         reason: e.to_string(),
     })

@@ -73,6 +73,34 @@ impl TestApp {
         self.request(reqwest::Method::GET, path, None, None).await
     }
 
+    /// A GET with the admin token, for the reads that need it.
+    pub async fn read(&self, path: &str) -> Reply {
+        let auth = format!("Bearer {TOKEN}");
+        self.request(reqwest::Method::GET, path, None, Some(&auth))
+            .await
+    }
+
+    /// A GET naming `host` in its `Host` header instead of the address connected to.
+    pub async fn get_with_host(&self, path: &str, host: &str) -> Reply {
+        let res = self
+            .http
+            .get(self.url(path))
+            .header(reqwest::header::HOST, host)
+            .send()
+            .await
+            .expect("request reaches the server");
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let text = res.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Reply {
+            status,
+            headers,
+            body,
+            text,
+        }
+    }
+
     pub async fn put(&self, path: &str, body: &str) -> Reply {
         let auth = format!("Bearer {TOKEN}");
         self.request(reqwest::Method::PUT, path, Some(body), Some(&auth))
@@ -375,8 +403,14 @@ async fn changes_need_the_admin_token() {
         assert!(msg.contains("PUSHPACE__HTTP__ADMIN_TOKEN"), "{msg}");
         assert!(msg.contains("http.admin_token"), "{msg}");
     }
-    // Reads need no token.
+    // Reads need no token, except the dead letters, which are refused like changes.
     assert_eq!(open.get("/api/campaigns").await.status, 200);
+    let r = open.get("/api/dead-letters").await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.body["error"]
+        .as_str()
+        .unwrap()
+        .contains("http.admin_token"));
     app.app.stop().await.unwrap();
     open.app.stop().await.unwrap();
 }
@@ -427,6 +461,10 @@ async fn put_creates_then_updates_and_names_the_bad_field() {
         (r#"{"burst": -1}"#, "burst"),
         (r#"{"burst": 1.5}"#, "burst"),
         (r#"{"burst": 1099511627776}"#, "burst"),
+        (r#"{"burst": 10001}"#, "burst"),
+        (r#"{"burst": 2147483647}"#, "burst"),
+        (r#"{"send_rate": 0.0009}"#, "send_rate"),
+        (r#"{"send_rate": 1e-300}"#, "send_rate"),
         (r#"{"sendrate": 10}"#, "sendrate"),
         (r#"[750]"#, "body"),
         (r#"{"send_rate": 10"#, "body"),
@@ -442,8 +480,18 @@ async fn put_creates_then_updates_and_names_the_bad_field() {
     let r = app
         .put(&format!("/api/campaigns/{long_id}"), r#"{"send_rate": 5}"#)
         .await;
-    assert_eq!(r.status, 422);
+    assert_eq!(r.status, 400, "{}", r.text);
     assert_eq!(r.body["field"], "id");
+    // The bounds themselves are accepted.
+    let r = app
+        .put(
+            "/api/campaigns/edges",
+            r#"{"send_rate": 0.001, "burst": 10000}"#,
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.body["send_rate"], 0.001);
+    assert_eq!(r.body["burst"], 10000);
     // Too large a body.
     let huge = format!(r#"{{"send_rate": 5, "pad": "{}"}}"#, "x".repeat(20_000));
     let r = app.put("/api/campaigns/spring-sale", &huge).await;
@@ -459,8 +507,78 @@ async fn put_creates_then_updates_and_names_the_bad_field() {
         .fetch_all(&app.pool)
         .await
         .unwrap();
-    assert_eq!(ids, ["plain", "spring-sale"]);
+    assert_eq!(ids, ["edges", "plain", "spring-sale"]);
     app.app.stop().await.unwrap();
+}
+
+/// The migration that sets the rate minimum and the burst maximum moves rows stored
+/// outside them to the nearest bound, then refuses such values from then on.
+#[tokio::test]
+async fn the_rate_minimum_migration_raises_old_rows_then_holds() {
+    let url = format!("{}/{}", pg_server(), unique_name("pushpace_minrate"));
+    pushpace::store::ensure_database(&url).await.unwrap();
+    let pool = pushpace::store::connect(&url, 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    const VERSION: i64 = 20261125000300;
+    // The migrations' own SQL, run in order: those before it, some rows, then it.
+    let sql_of = |keep: &dyn Fn(i64) -> bool| -> Vec<String> {
+        pushpace::store::MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration() && keep(m.version))
+            .map(|m| m.sql.to_string())
+            .collect()
+    };
+    for sql in sql_of(&|v| v < VERSION) {
+        sqlx::raw_sql(&sql).execute(&pool).await.unwrap();
+    }
+    for (id, rate, burst) in [
+        ("tiny", 1e-300, 0),
+        ("slow", 0.0005, 2_147_483_647),
+        ("fine", 0.25, 10),
+    ] {
+        sqlx::query(
+            "INSERT INTO campaigns (id, send_rate, algorithm, burst) VALUES ($1, $2, 'gcra', $3)",
+        )
+        .bind(id)
+        .bind(rate)
+        .bind(burst)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let this = sql_of(&|v| v == VERSION);
+    assert_eq!(this.len(), 1, "the migration is embedded");
+    sqlx::raw_sql(&this[0]).execute(&pool).await.unwrap();
+    let rows: Vec<(String, f64, i32)> =
+        sqlx::query_as("SELECT id, send_rate, burst FROM campaigns ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("fine".to_string(), 0.25, 10),
+            ("slow".to_string(), 0.001, 10_000),
+            ("tiny".to_string(), 0.001, 0),
+        ]
+    );
+    // Every stored rate is now one the code accepts.
+    for (_, rate, _) in &rows {
+        pushpace::limiter::Rate::per_second(*rate).unwrap();
+    }
+    for (rate, burst, field) in [(0.0009, 0, "send_rate"), (1.0, 10_001, "burst")] {
+        let err: pushpace::store::StoreError = sqlx::query(
+            "INSERT INTO campaigns (id, send_rate, algorithm, burst) VALUES ('x', $1, 'gcra', $2)",
+        )
+        .bind(rate)
+        .bind(burst)
+        .execute(&pool)
+        .await
+        .unwrap_err()
+        .into();
+        assert_eq!(err.field(), Some(field), "{rate}/{burst}: {err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -528,10 +646,65 @@ async fn list_show_pause_resume_and_unknown_campaigns() {
         .as_str()
         .unwrap()
         .contains("/api/nothing-here"));
-    // Ids with characters that need escaping in a URL.
-    let r = app.put("/api/campaigns/odd%20id%2Fx", "{}").await;
-    assert_eq!(r.status, 201, "{}", r.text);
-    assert_eq!(r.body["id"], "odd id/x");
+    // The longest and the most varied ids the job format allows work in a path.
+    for id in ["a.b_c:d-E9".to_string(), "x".repeat(128)] {
+        let r = app.put(&format!("/api/campaigns/{id}"), "{}").await;
+        assert_eq!(r.status, 201, "{id}: {}", r.text);
+        assert_eq!(r.body["id"], id.as_str());
+    }
+    app.app.stop().await.unwrap();
+}
+
+/// Campaign ids follow the job format's rule everywhere the API takes one: anything else
+/// (a space, a slash, NUL, non-ASCII, too long, bad escapes) is a 400 that names the id,
+/// never a 500, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn campaign_ids_follow_the_job_format_rule() {
+    let app = spawn_app().await;
+    let long = "x".repeat(129);
+    let bad = [
+        "odd%20id",
+        "odd%2Fx",
+        "nul%00byte",
+        "%00",
+        "caf%C3%A9",
+        "%FF",
+        "semi%3Bcolon",
+        long.as_str(),
+    ];
+    for id in bad {
+        let base = format!("/api/campaigns/{id}");
+        for r in [
+            app.get(&base).await,
+            app.get(&format!("{base}/series")).await,
+            app.put(&base, r#"{"send_rate": 5}"#).await,
+            app.post(&format!("{base}/pause")).await,
+            app.post(&format!("{base}/resume")).await,
+        ] {
+            assert_eq!(r.status, 400, "{id}: {}", r.text);
+            assert_eq!(r.body["field"], "id", "{id}: {}", r.text);
+            let msg = r.body["error"].as_str().unwrap();
+            assert!(msg.starts_with("invalid id: "), "{id}: {msg}");
+            assert!(!msg.chars().any(char::is_control), "{id}: {msg:?}");
+        }
+    }
+    for q in ["a%00b", "a%20b", "%C3%A9", long.as_str()] {
+        let r = app
+            .request(
+                reqwest::Method::GET,
+                &format!("/api/dead-letters?campaign={q}"),
+                None,
+                Some(&format!("Bearer {TOKEN}")),
+            )
+            .await;
+        assert_eq!(r.status, 400, "{q}: {}", r.text);
+        assert_eq!(r.body["field"], "campaign", "{q}");
+    }
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM campaigns")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 0, "nothing written");
     app.app.stop().await.unwrap();
 }
 
@@ -676,7 +849,22 @@ async fn dead_letters_are_listed_newest_first_in_pages() {
     .unwrap()
     .unwrap();
 
+    // Dead letters hold device tokens and payloads: the admin token is needed.
     let r = app.get("/api/dead-letters").await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    assert_eq!(r.headers["www-authenticate"], "Bearer");
+    assert!(r.body.get("items").is_none(), "{}", r.text);
+    let r = app
+        .request(
+            reqwest::Method::GET,
+            "/api/dead-letters",
+            None,
+            Some("Bearer not-the-token"),
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(!r.text.contains("device_token"), "{}", r.text);
+    let r = app.read("/api/dead-letters").await;
     assert_eq!(r.status, 200, "{}", r.text);
     let items = r.body["items"].as_array().unwrap();
     assert_eq!(items.len(), 6);
@@ -686,7 +874,7 @@ async fn dead_letters_are_listed_newest_first_in_pages() {
     assert_eq!(items[0]["raw"].as_str().unwrap().len(), 1024);
     assert!(r.body["next_before"].is_null());
 
-    let r = app.get("/api/dead-letters?campaign=dl-a&limit=2").await;
+    let r = app.read("/api/dead-letters?campaign=dl-a&limit=2").await;
     let items = r.body["items"].as_array().unwrap();
     let got: Vec<i64> = items.iter().map(|d| d["id"].as_i64().unwrap()).collect();
     assert_eq!(got, [ids[4], ids[2]]);
@@ -698,7 +886,7 @@ async fn dead_letters_are_listed_newest_first_in_pages() {
     let next = r.body["next_before"].as_i64().unwrap();
     assert_eq!(next, ids[2]);
     let r = app
-        .get(&format!(
+        .read(&format!(
             "/api/dead-letters?campaign=dl-a&limit=2&before={next}"
         ))
         .await;
@@ -711,7 +899,7 @@ async fn dead_letters_are_listed_newest_first_in_pages() {
     assert_eq!(got, [ids[0]]);
     assert!(r.body["next_before"].is_null());
     assert_eq!(
-        app.get("/api/dead-letters?campaign=none").await.body["items"],
+        app.read("/api/dead-letters?campaign=none").await.body["items"],
         json!([])
     );
 
@@ -722,9 +910,77 @@ async fn dead_letters_are_listed_newest_first_in_pages() {
         ("before=x", "before"),
         ("campaing=dl-a", "campaing"),
     ] {
-        let r = app.get(&format!("/api/dead-letters?{q}")).await;
+        let r = app.read(&format!("/api/dead-letters?{q}")).await;
         assert_eq!(r.status, 422, "{q}: {}", r.text);
         assert_eq!(r.body["field"], field, "{q}");
+    }
+    app.app.stop().await.unwrap();
+}
+
+/// A request must name this server in its `Host` (DNS rebinding: a page on another site
+/// that resolves its own name to 127.0.0.1 must not read the API), for the API, the
+/// dashboard and unknown paths alike; the bound address and `http.allowed_hosts` pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_known_hosts_are_served() {
+    let (pool, url) = fresh_database().await;
+    let extra = [(
+        "http.allowed_hosts",
+        "pushpace.test, ops.example:9000".to_string(),
+    )];
+    let app = spawn_app_on(pool, url, TOKEN, None, None, &extra).await;
+    let port = app.app.port;
+    for path in [
+        "/api/campaigns",
+        "/",
+        "/healthz",
+        "/assets/dashboard.js",
+        "/nowhere",
+    ] {
+        for host in [
+            "evil.example".to_string(),
+            format!("evil.example:{port}"),
+            format!("127.0.0.1.evil.example:{port}"),
+            format!("localhost:{}", port.wrapping_add(1)),
+            "ops.example:9001".to_string(),
+        ] {
+            let r = app.get_with_host(path, &host).await;
+            assert_eq!(r.status, 421, "{path} as {host}: {}", r.text);
+            assert!(
+                r.body["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("http.allowed_hosts"),
+                "{}",
+                r.text
+            );
+        }
+    }
+    // Refused before the token is looked at, and nothing is written.
+    let res = app
+        .http
+        .put(app.url("/api/campaigns/rebound"))
+        .header(reqwest::header::HOST, "evil.example")
+        .bearer_auth(TOKEN)
+        .body(r#"{"send_rate": 5}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 421);
+    assert_eq!(app.get("/api/campaigns/rebound").await.status, 404);
+
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("LOCALHOST:{port}"),
+        format!("[::1]:{port}"),
+        "pushpace.test".to_string(),
+        "pushpace.test:8443".to_string(),
+        "ops.example:9000".to_string(),
+    ] {
+        let r = app.get_with_host("/api/campaigns", &host).await;
+        assert_eq!(r.status, 200, "{host}: {}", r.text);
+        let r = app.get_with_host("/", &host).await;
+        assert_eq!(r.status, 200, "dashboard as {host}");
     }
     app.app.stop().await.unwrap();
 }

@@ -80,6 +80,63 @@ fn secrets_are_not_printed() {
     assert!(out.contains("app:***@"), "{out}");
 }
 
+#[test]
+fn url_secrets_are_not_printed() {
+    // The provider URL may carry a user and password; PostgreSQL URLs may carry secrets
+    // in the query string.
+    let (ok, out, err) = run(pushpace_bin()
+        .arg("config")
+        .env(
+            "PUSHPACE__SENDER__URL",
+            "https://pushuser:Sender-Pa55@push.example:8443/v1/send?token=tok-in-query",
+        )
+        .env(
+            "PUSHPACE__DATABASE__URL",
+            "postgres://app@127.0.0.1:5432/x?sslmode=require&password=QueryPa55\
+             &sslpassword=KeyPa55&passfile=%2Fhome%2Fapp%2F.pgpass-secret",
+        ));
+    assert!(ok, "{err}");
+    for secret in [
+        "Sender-Pa55",
+        "tok-in-query",
+        "QueryPa55",
+        "KeyPa55",
+        ".pgpass-secret",
+    ] {
+        assert!(
+            !out.contains(secret) && !err.contains(secret),
+            "{secret} printed: {out}"
+        );
+    }
+    // What is not secret still shows, so the output stays useful.
+    assert!(
+        out.contains("pushuser:***@push.example:8443/v1/send"),
+        "{out}"
+    );
+    assert!(out.contains("sslmode=require"), "{out}");
+    assert!(out.contains("password=***"), "{out}");
+    // Parameters the PostgreSQL driver would ignore (and log with their values) are
+    // dropped, and only their names are said.
+    assert!(!out.contains("passfile"), "{out}");
+    assert!(err.contains("sslpassword, passfile"), "{err}");
+
+    // The start-up line that names the database (here: `migrate`, which fails to
+    // connect to a closed port) hides them too.
+    let (ok, out, err) = run(pushpace_bin().args([
+        "migrate",
+        "--database-url",
+        "postgres://app:UserPa55@127.0.0.1:1/x?password=QueryPa55&sslpassword=KeyPa55",
+    ]));
+    assert!(!ok, "{out}");
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+    for secret in ["UserPa55", "QueryPa55", "KeyPa55"] {
+        assert!(
+            !out.contains(secret) && !err.contains(secret),
+            "{secret} printed: {err}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn migrate_creates_a_fresh_database_and_is_idempotent() {
     let url = format!("{}/{}", pg_server(), unique_name("pushpace_migrate"));

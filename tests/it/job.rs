@@ -1,16 +1,22 @@
 //! Job decoding: the bad-input corpus of issue 7 (each case is dead-lettered with the
 //! right kind and a reason naming the field), the limits at their edges, and property
-//! tests (valid jobs round-trip; arbitrary bytes never panic).
+//! tests (valid jobs round-trip; arbitrary bytes never panic); and, against the real
+//! broker, that the message key plays no part.
 
+use crate::helpers::{brokers, fresh_database, fresh_topic, test_settings, unique_name, wait_for};
 use proptest::prelude::*;
 use pushpace::job::{
     decode, Job, JobError, MAX_DEVICES, MAX_DEVICE_TOKEN_BYTES, MAX_MESSAGE_BYTES,
     MAX_PAYLOAD_BYTES,
 };
 use pushpace::limiter::{Algorithm, Rate};
+use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
+use pushpace::sink::{Sink, SinkConfig};
 use pushpace::store::DeadLetterKind;
+use pushpace::worker::Worker;
 use serde_json::json;
 use serde_json::value::RawValue;
+use std::time::Duration;
 
 const EXAMPLE: &str = r#"{"job_id": "j-000123", "campaign_id": "spring-sale", "send_rate": 500, "algorithm": "gcra",
  "devices": ["tok-a", "tok-b"], "payload": {"title": "Hi", "body": "…"}}"#;
@@ -42,14 +48,8 @@ fn without(field: &str) -> Vec<u8> {
 /// Asserts the message is dead-lettered as `kind`, its reason names `field` (for invalid
 /// jobs) and contains `needle`, and is fit to show a person and store in PostgreSQL.
 #[track_caller]
-fn rejects(
-    msg: &[u8],
-    key: Option<&[u8]>,
-    kind: DeadLetterKind,
-    field: Option<&str>,
-    needle: &str,
-) -> JobError {
-    let err = match decode(msg, key) {
+fn rejects(msg: &[u8], kind: DeadLetterKind, field: Option<&str>, needle: &str) -> JobError {
+    let err = match decode(msg) {
         Ok(job) => panic!("accepted {job:?}"),
         Err(e) => e,
     };
@@ -73,7 +73,7 @@ const INVALID: DeadLetterKind = DeadLetterKind::InvalidJob;
 
 #[test]
 fn the_issue_example_decodes() {
-    let job = decode(EXAMPLE.as_bytes(), Some(b"spring-sale")).unwrap();
+    let job = decode(EXAMPLE.as_bytes()).unwrap();
     assert_eq!(job.job_id, "j-000123");
     assert_eq!(job.campaign_id, "spring-sale");
     assert_eq!(job.send_rate, Some(Rate::per_second(500.0).unwrap()));
@@ -88,7 +88,6 @@ fn optional_fields_may_be_absent_or_null_and_unknown_fields_are_ignored() {
     let job = decode(
         br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{},"send_rate":null,"algorithm":null,
             "extra":{"deep":[1,2,{"x":null}]},"priority":"high"}"#,
-        None,
     )
     .unwrap();
     assert_eq!(job.send_rate, None);
@@ -100,7 +99,6 @@ fn optional_fields_may_be_absent_or_null_and_unknown_fields_are_ignored() {
 fn escaped_field_names_and_values_are_understood() {
     let job = decode(
         br#"{"job\u005fid":"j\u002d1","campaign_id":"c","devices":["t\"ok\n\u00e9"],"payload":{"a":"\u00e9"}}"#,
-        Some(b"c"),
     )
     .unwrap();
     assert_eq!(job.job_id, "j-1");
@@ -111,7 +109,7 @@ fn escaped_field_names_and_values_are_understood() {
 #[test]
 fn every_algorithm_name_is_accepted() {
     for a in Algorithm::ALL {
-        let job = decode(&with("algorithm", json!(a.as_str())), None).unwrap();
+        let job = decode(&with("algorithm", json!(a.as_str()))).unwrap();
         assert_eq!(job.algorithm, Some(a));
     }
 }
@@ -125,27 +123,25 @@ fn limits_are_inclusive() {
     v["devices"] = json!((0..MAX_DEVICES)
         .map(|i| format!("t{i}"))
         .collect::<Vec<_>>());
-    let job = decode(&serde_json::to_vec(&v).unwrap(), Some(id.as_bytes())).unwrap();
+    let job = decode(&serde_json::to_vec(&v).unwrap()).unwrap();
     assert_eq!(job.devices.len(), MAX_DEVICES);
 
     let token = "x".repeat(MAX_DEVICE_TOKEN_BYTES);
-    let job = decode(&with("devices", json!([token])), None).unwrap();
+    let job = decode(&with("devices", json!([token]))).unwrap();
     assert_eq!(job.devices[0].len(), MAX_DEVICE_TOKEN_BYTES);
 
     // A payload of exactly 4096 bytes: {"p":"xxx…"} is 8 bytes of framing.
     let payload = format!(r#"{{"p":"{}"}}"#, "x".repeat(MAX_PAYLOAD_BYTES - 8));
     assert_eq!(payload.len(), MAX_PAYLOAD_BYTES);
     let msg = format!(r#"{{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{payload}}}"#);
-    assert_eq!(decode(msg.as_bytes(), None).unwrap().payload.get(), payload);
+    assert_eq!(decode(msg.as_bytes()).unwrap().payload.get(), payload);
 
     let tiny = Rate::per_second(0.001).unwrap();
     assert_eq!(
-        decode(&with("send_rate", json!(0.001)), None)
-            .unwrap()
-            .send_rate,
+        decode(&with("send_rate", json!(0.001))).unwrap().send_rate,
         Some(tiny)
     );
-    assert!(decode(&with("send_rate", json!(10_000_000)), None).is_ok());
+    assert!(decode(&with("send_rate", json!(10_000_000))).is_ok());
 }
 
 /// A valid message padded (with an ignored field) to exactly `len` bytes.
@@ -159,10 +155,9 @@ fn padded_message(len: usize) -> Vec<u8> {
 
 #[test]
 fn a_message_of_exactly_one_mib_is_accepted_and_one_byte_more_is_not() {
-    assert!(decode(&padded_message(MAX_MESSAGE_BYTES), None).is_ok());
+    assert!(decode(&padded_message(MAX_MESSAGE_BYTES)).is_ok());
     let err = rejects(
         &padded_message(MAX_MESSAGE_BYTES + 1),
-        None,
         MALFORMED,
         None,
         "1048577 bytes",
@@ -182,13 +177,12 @@ fn a_message_of_exactly_one_mib_is_accepted_and_one_byte_more_is_not() {
 fn bad_01_invalid_json() {
     rejects(
         br#"{"job_id": "j-1", "campaign_id":"#,
-        None,
         MALFORMED,
         None,
         "not valid JSON",
     );
-    rejects(b"{job_id: 'j'}", None, MALFORMED, None, "not valid JSON");
-    rejects(b"not json at all", None, MALFORMED, None, "not valid JSON");
+    rejects(b"{job_id: 'j'}", MALFORMED, None, "not valid JSON");
+    rejects(b"not json at all", MALFORMED, None, "not valid JSON");
 }
 
 #[test]
@@ -196,85 +190,77 @@ fn bad_02_invalid_utf8() {
     let mut msg = with("job_id", json!("j-1"));
     let at = msg.iter().position(|&b| b == b'j').unwrap();
     msg[at] = 0xff;
-    rejects(&msg, None, MALFORMED, None, "not valid UTF-8");
-    rejects(&[0xc3, 0x28], None, MALFORMED, None, "offset 0");
+    rejects(&msg, MALFORMED, None, "not valid UTF-8");
+    rejects(&[0xc3, 0x28], MALFORMED, None, "offset 0");
 }
 
 #[test]
 fn bad_03_empty_and_whitespace_messages() {
-    rejects(b"", None, MALFORMED, None, "empty");
-    rejects(b" \n\t ", None, MALFORMED, None, "empty");
+    rejects(b"", MALFORMED, None, "empty");
+    rejects(b" \n\t ", MALFORMED, None, "empty");
 }
 
 #[test]
 fn bad_04_not_an_object() {
-    rejects(b"[1,2]", None, MALFORMED, None, "an array");
-    rejects(b"\"job\"", None, MALFORMED, None, "a string");
-    rejects(b"null", None, MALFORMED, None, "null");
-    rejects(b"42", None, MALFORMED, None, "a number");
+    rejects(b"[1,2]", MALFORMED, None, "an array");
+    rejects(b"\"job\"", MALFORMED, None, "a string");
+    rejects(b"null", MALFORMED, None, "null");
+    rejects(b"42", MALFORMED, None, "a number");
 }
 
 #[test]
 fn bad_05_trailing_data_after_the_object() {
     let mut msg = serde_json::to_vec(&base()).unwrap();
     msg.extend_from_slice(b" {}");
-    rejects(&msg, None, MALFORMED, None, "trailing");
+    rejects(&msg, MALFORMED, None, "trailing");
 }
 
 #[test]
 fn bad_06_wrong_types() {
     rejects(
         &with("job_id", json!(123)),
-        None,
         INVALID,
         Some("job_id"),
         "invalid type: integer `123`",
     );
     rejects(
         &with("campaign_id", json!(["c"])),
-        None,
         INVALID,
         Some("campaign_id"),
         "invalid type: sequence",
     );
     rejects(
         &with("devices", json!("tok-a")),
-        None,
         INVALID,
         Some("devices"),
         "invalid type: string",
     );
     rejects(
         &with("devices", json!({"0": "tok"})),
-        None,
         INVALID,
         Some("devices"),
         "invalid type: map",
     );
     rejects(
         &with("devices", json!(["ok", 5])),
-        None,
         INVALID,
         Some("devices[1]"),
         "invalid type: integer `5`",
     );
     rejects(
         &with("devices", json!(["ok", "ok", null])),
-        None,
         INVALID,
         Some("devices[2]"),
         "null",
     );
     rejects(
         &with("send_rate", json!(true)),
-        None,
         INVALID,
         Some("send_rate"),
         "a number of sends per second",
     );
     rejects(
         &with("algorithm", json!(7)),
-        None,
         INVALID,
         Some("algorithm"),
         "an algorithm name",
@@ -284,22 +270,15 @@ fn bad_06_wrong_types() {
 #[test]
 fn bad_07_missing_fields() {
     for field in ["job_id", "campaign_id", "devices", "payload"] {
-        rejects(
-            &without(field),
-            None,
-            INVALID,
-            Some(field),
-            "missing; required",
-        );
+        rejects(&without(field), INVALID, Some(field), "missing; required");
     }
-    rejects(b"{}", None, INVALID, Some("job_id"), "missing");
+    rejects(b"{}", INVALID, Some("job_id"), "missing");
 }
 
 #[test]
 fn bad_08_empty_devices() {
     rejects(
         &with("devices", json!([])),
-        None,
         INVALID,
         Some("devices"),
         "must hold 1–10000 device tokens, got 0",
@@ -311,7 +290,6 @@ fn bad_09_too_many_devices() {
     let devices: Vec<String> = (0..=MAX_DEVICES).map(|i| format!("t{i}")).collect();
     rejects(
         &with("devices", json!(devices)),
-        None,
         INVALID,
         Some("devices"),
         "got 10001",
@@ -323,7 +301,6 @@ fn bad_10_device_tokens_out_of_range() {
     let mut devices = vec![json!("a"), json!("b"), json!("c"), json!("x".repeat(5000))];
     let err = rejects(
         &with("devices", json!(devices.clone())),
-        None,
         INVALID,
         Some("devices[3]"),
         "got 5000",
@@ -335,7 +312,6 @@ fn bad_10_device_tokens_out_of_range() {
     devices[3] = json!("");
     rejects(
         &with("devices", json!(devices)),
-        None,
         INVALID,
         Some("devices[3]"),
         "got 0",
@@ -347,7 +323,7 @@ fn bad_11_two_mib_message() {
     let devices: Vec<String> = (0..1000).map(|_| "d".repeat(2100)).collect();
     let msg = with("devices", json!(devices));
     assert!(msg.len() > 2 << 20);
-    rejects(&msg, None, MALFORMED, None, "the limit is 1048576 bytes");
+    rejects(&msg, MALFORMED, None, "the limit is 1048576 bytes");
 }
 
 #[test]
@@ -355,7 +331,6 @@ fn bad_12_payload_over_4_kib() {
     let payload = json!({"body": "x".repeat(MAX_PAYLOAD_BYTES)});
     rejects(
         &with("payload", payload),
-        None,
         INVALID,
         Some("payload"),
         "at most 4096 bytes of JSON, got 4107",
@@ -366,28 +341,24 @@ fn bad_12_payload_over_4_kib() {
 fn bad_13_payload_not_an_object() {
     rejects(
         &with("payload", json!(["a"])),
-        None,
         INVALID,
         Some("payload"),
         "must be a JSON object, got an array",
     );
     rejects(
         &with("payload", json!("hi")),
-        None,
         INVALID,
         Some("payload"),
         "got a string",
     );
     rejects(
         &with("payload", json!(null)),
-        None,
         INVALID,
         Some("payload"),
         "got null",
     );
     rejects(
         &with("payload", json!(1.5)),
-        None,
         INVALID,
         Some("payload"),
         "got a number",
@@ -398,7 +369,6 @@ fn bad_13_payload_not_an_object() {
 fn bad_14_send_rate_zero() {
     rejects(
         &with("send_rate", json!(0)),
-        None,
         INVALID,
         Some("send_rate"),
         "greater than 0",
@@ -409,7 +379,6 @@ fn bad_14_send_rate_zero() {
 fn bad_15_send_rate_negative() {
     rejects(
         &with("send_rate", json!(-1)),
-        None,
         INVALID,
         Some("send_rate"),
         "got -1",
@@ -417,17 +386,27 @@ fn bad_15_send_rate_negative() {
 }
 
 #[test]
+fn bad_14b_send_rate_below_the_minimum() {
+    for tiny in [1e-300, 0.000_999] {
+        rejects(
+            &with("send_rate", json!(tiny)),
+            INVALID,
+            Some("send_rate"),
+            "must be at least 0.001 sends per second",
+        );
+    }
+}
+
+#[test]
 fn bad_16_send_rate_nan_as_a_string() {
     rejects(
         &with("send_rate", json!("NaN")),
-        None,
         INVALID,
         Some("send_rate"),
         "string \"NaN\"",
     );
     rejects(
         &with("send_rate", json!("500")),
-        None,
         INVALID,
         Some("send_rate"),
         "a number of sends per second",
@@ -435,7 +414,6 @@ fn bad_16_send_rate_nan_as_a_string() {
     // Bare NaN is not JSON at all.
     rejects(
         br#"{"job_id":"j","campaign_id":"c","send_rate":NaN,"devices":["d"],"payload":{}}"#,
-        None,
         MALFORMED,
         None,
         "not valid JSON",
@@ -446,7 +424,6 @@ fn bad_16_send_rate_nan_as_a_string() {
 fn bad_17_send_rate_too_high() {
     rejects(
         &with("send_rate", json!(1e12)),
-        None,
         INVALID,
         Some("send_rate"),
         "at most 10000000",
@@ -458,46 +435,35 @@ fn bad_18_two_hundred_character_campaign_id() {
     let id = "c".repeat(200);
     rejects(
         &with("campaign_id", json!(id)),
-        None,
         INVALID,
         Some("campaign_id"),
         "must be 1–128 characters from [A-Za-z0-9._:-], got 200",
     );
-    rejects(
-        &with("job_id", json!("")),
-        None,
-        INVALID,
-        Some("job_id"),
-        "got 0",
-    );
+    rejects(&with("job_id", json!("")), INVALID, Some("job_id"), "got 0");
 }
 
 #[test]
 fn bad_19_ids_with_spaces_or_quotes() {
     rejects(
         &with("campaign_id", json!("spring sale")),
-        None,
         INVALID,
         Some("campaign_id"),
         "' ' at character 6",
     );
     rejects(
         &with("job_id", json!("j\"1")),
-        None,
         INVALID,
         Some("job_id"),
         "'\"' at character 1",
     );
     rejects(
         &with("job_id", json!("j'1")),
-        None,
         INVALID,
         Some("job_id"),
         "'\\'' at character 1",
     );
     rejects(
         &with("job_id", json!("café")),
-        None,
         INVALID,
         Some("job_id"),
         "'é' at character 3",
@@ -509,28 +475,24 @@ fn bad_20_sql_metacharacters_in_every_field() {
     let sql = "x'; DROP TABLE campaigns; --";
     rejects(
         &with("job_id", json!(sql)),
-        None,
         INVALID,
         Some("job_id"),
         "only A-Z, a-z, 0-9 and . _ : - are allowed",
     );
     rejects(
         &with("campaign_id", json!(sql)),
-        None,
         INVALID,
         Some("campaign_id"),
         "\"x'; DROP TABLE campaigns; --\"",
     );
     rejects(
         &with("algorithm", json!(sql)),
-        None,
         INVALID,
         Some("algorithm"),
         "unknown algorithm",
     );
     rejects(
         &with("send_rate", json!(sql)),
-        None,
         INVALID,
         Some("send_rate"),
         "invalid type",
@@ -539,39 +501,74 @@ fn bad_20_sql_metacharacters_in_every_field() {
     let mut v = base();
     v["devices"] = json!([sql, "tok\\\u{0}"]);
     v["payload"] = json!({"q": sql});
-    let job = decode(&serde_json::to_vec(&v).unwrap(), None).unwrap();
+    let job = decode(&serde_json::to_vec(&v).unwrap()).unwrap();
     assert_eq!(job.devices[0], sql);
     assert_eq!(job.devices[1], "tok\\\u{0}");
     assert!(job.payload.get().contains("DROP TABLE"));
 }
 
-#[test]
-fn bad_21_key_does_not_match_campaign() {
-    let msg = with("campaign_id", json!("c-1"));
-    rejects(
-        &msg,
-        Some(b"c-2"),
-        INVALID,
-        Some("key"),
-        "\"c-2\" does not match campaign_id \"c-1\"",
-    );
-    rejects(&msg, Some(b""), INVALID, Some("key"), "does not match");
-    rejects(
-        &msg,
-        Some(&[0xff, 0x00]),
-        INVALID,
-        Some("key"),
-        "does not match",
-    );
-    assert!(decode(&msg, Some(b"c-1")).is_ok());
-    assert!(decode(&msg, None).is_ok());
+/// The message key is the producer's partitioning choice, not the campaign: jobs keyed
+/// by another id, by binary bytes, by bytes holding NUL, by nothing or by an empty key
+/// are all delivered, and none is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_message_key_is_accepted() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(2).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
+        .create()
+        .unwrap();
+    let campaign = unique_name("keys").replace('_', "-");
+    let keys: [Option<&[u8]>; 5] = [
+        Some(b"job-0001"),
+        Some(&[0xff, 0xfe, 0x80, 0x01]),
+        Some(b"c\0x\0"),
+        Some(b""),
+        None,
+    ];
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!(
+            r#"{{"job_id":"{campaign}-j{i}","campaign_id":"{campaign}","send_rate":1000,"devices":["d{i}a","d{i}b"],"payload":{{"t":1}}}}"#
+        );
+        let mut record = FutureRecord::<[u8], _>::to(&topic).payload(value.as_bytes());
+        if let Some(k) = key {
+            record = record.key(*k);
+        }
+        producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    let expected = keys.len() as u64 * 2;
+    let settings = test_settings(&[
+        ("kafka.brokers", brokers()),
+        ("kafka.topic", topic),
+        ("kafka.group_id", unique_name("g")),
+        ("database.url", db_url),
+        ("sender.url", sink.url()),
+    ]);
+    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
+    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .unwrap();
+    wait_for("every keyed job delivered", Duration::from_secs(60), || {
+        sink.summary().distinct_delivered >= expected
+    })
+    .await;
+    worker.shutdown().await.unwrap();
+    assert_eq!(sink.summary().distinct_delivered, expected);
+    let letters = pushpace::store::dead_letters::list(&pool, None, None, 100)
+        .await
+        .unwrap();
+    assert!(letters.is_empty(), "no dead letter: {letters:#?}");
 }
 
 #[test]
 fn bad_22_unknown_algorithm() {
     rejects(
         &with("algorithm", json!("GCRA")),
-        None,
         INVALID,
         Some("algorithm"),
         "unknown algorithm \"GCRA\"; expected one of",
@@ -582,7 +579,6 @@ fn bad_22_unknown_algorithm() {
 fn bad_23_duplicate_fields() {
     rejects(
         br#"{"job_id":"j","campaign_id":"c","campaign_id":"d","devices":["x"],"payload":{}}"#,
-        None,
         INVALID,
         Some("campaign_id"),
         "appears more than once",
@@ -593,7 +589,6 @@ fn bad_23_duplicate_fields() {
 fn bad_24_control_characters_are_escaped_in_reasons() {
     let err = rejects(
         &with("job_id", json!("j\u{0}1")),
-        None,
         INVALID,
         Some("job_id"),
         "'\\0'",
@@ -611,17 +606,15 @@ fn bad_25_deep_nesting_never_overflows_the_stack() {
         )
     };
     // The payload is decoded strictly, which caps its depth at serde_json's limit.
-    assert!(decode(in_payload(120).as_bytes(), None).is_ok());
+    assert!(decode(in_payload(120).as_bytes()).is_ok());
     rejects(
         in_payload(200).as_bytes(),
-        None,
         INVALID,
         Some("payload"),
         "recursion limit",
     );
     rejects(
         in_payload(400_000).as_bytes(),
-        None,
         INVALID,
         Some("payload"),
         "at most 4096 bytes",
@@ -631,18 +624,11 @@ fn bad_25_deep_nesting_never_overflows_the_stack() {
         r#"{{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{{}},"x":{}}}"#,
         deep(400_000)
     );
-    assert!(decode(msg.as_bytes(), None).is_ok());
+    assert!(decode(msg.as_bytes()).is_ok());
     // Where values are built (a job that is not an object), depth is capped too.
-    rejects(
-        deep(400_000).as_bytes(),
-        None,
-        MALFORMED,
-        None,
-        "recursion limit",
-    );
+    rejects(deep(400_000).as_bytes(), MALFORMED, None, "recursion limit");
     rejects(
         format!("{{\"x\":{}", deep(400_000)).as_bytes(),
-        None,
         MALFORMED,
         None,
         "EOF",
@@ -654,17 +640,10 @@ fn bad_26_payload_strings_must_decode() {
     // Found by the fuzzer: a lone surrogate escape passed the raw scan, and the body
     // built from it was refused by strict JSON parsers.
     let msg = br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{"c":"\ud83d\ufe00"}}"#;
-    rejects(
-        msg,
-        None,
-        INVALID,
-        Some("payload"),
-        "lone leading surrogate",
-    );
+    rejects(msg, INVALID, Some("payload"), "lone leading surrogate");
     let msg = br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{"c":"\udc00"}}"#;
     rejects(
         msg,
-        None,
         INVALID,
         Some("payload"),
         "payload: is not JSON that every parser accepts",
@@ -672,12 +651,12 @@ fn bad_26_payload_strings_must_decode() {
     // A proper pair is fine, and kept as written.
     let msg = br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{"c":"\ud83d\ude00"}}"#;
     assert_eq!(
-        decode(msg, None).unwrap().payload.get(),
+        decode(msg).unwrap().payload.get(),
         r#"{"c":"\ud83d\ude00"}"#
     );
     // Tokens are decoded anyway: a lone surrogate there is not JSON at all.
     let msg = br#"{"job_id":"j","campaign_id":"c","devices":["\ud83d"],"payload":{}}"#;
-    rejects(msg, None, MALFORMED, None, "hex escape");
+    rejects(msg, MALFORMED, None, "hex escape");
     // Job::new applies the same check (RawValue::from_string does not decode strings).
     let raw = RawValue::from_string(r#"{"c":"\ud83d"}"#.into()).unwrap();
     let err = Job::new("j", "c", vec!["d".into()], raw).unwrap_err();
@@ -689,21 +668,18 @@ fn a_syntax_error_anywhere_wins_over_a_field_error() {
     // The field error comes first in the text, but the message is not JSON at all.
     rejects(
         br#"{"job_id": 5, "campaign_id": "c", "devices": ["#,
-        None,
         MALFORMED,
         None,
         "not valid JSON",
     );
     rejects(
         br#"{"job_id": 5, "campaign_id": "c"} trailing"#,
-        None,
         MALFORMED,
         None,
         "trailing",
     );
     rejects(
         br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":{}"#,
-        Some(b"other"),
         MALFORMED,
         None,
         "EOF",
@@ -715,7 +691,6 @@ fn echoed_values_are_cut_short() {
     let long = format!("{} {}", "a".repeat(100), "b".repeat(100_000));
     let err = rejects(
         &with("campaign_id", json!(long)),
-        None,
         INVALID,
         Some("campaign_id"),
         "(100101 characters)",
@@ -723,7 +698,6 @@ fn echoed_values_are_cut_short() {
     assert!(err.to_string().len() < 300);
     let err = rejects(
         &with("send_rate", json!("x".repeat(100_000))),
-        None,
         INVALID,
         Some("send_rate"),
         "invalid type",
@@ -827,7 +801,7 @@ proptest! {
     #[test]
     fn valid_jobs_round_trip(job in job_strategy()) {
         let bytes = job.to_json();
-        let back = decode(&bytes, Some(job.campaign_id.as_bytes())).unwrap();
+        let back = decode(&bytes).unwrap();
         prop_assert_eq!(&back, &job);
         // The payload's bytes are the producer's, exactly.
         prop_assert_eq!(back.payload.get(), job.payload.get());
@@ -838,7 +812,7 @@ proptest! {
         // Field order and whitespace do not matter (the payload compares as JSON here).
         let v: serde_json::Value = serde_json::from_slice(&job.to_json()).unwrap();
         let text = serde_json::to_vec_pretty(&v).unwrap();
-        let back = decode(&text, None).unwrap();
+        let back = decode(&text).unwrap();
         prop_assert_eq!(&back.devices, &job.devices);
         prop_assert_eq!(&back.job_id, &job.job_id);
         let a: serde_json::Value = serde_json::from_str(back.payload.get()).unwrap();
@@ -848,7 +822,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        if let Err(e) = decode(&bytes, None) {
+        if let Err(e) = decode(&bytes) {
             prop_assert!(!e.to_string().is_empty());
         }
     }
@@ -868,10 +842,10 @@ proptest! {
                 _ => bytes.insert(i, byte),
             }
         }
-        match decode(&bytes, None) {
+        match decode(&bytes) {
             Ok(back) => {
                 // Whatever was accepted obeys the rules and re-encodes to itself.
-                prop_assert_eq!(decode(&back.to_json(), None).unwrap(), back);
+                prop_assert_eq!(decode(&back.to_json()).unwrap(), back);
             }
             Err(e) => {
                 let reason = e.to_string();

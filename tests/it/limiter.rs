@@ -345,6 +345,56 @@ fn window_exceptions_reach_their_bound() {
     );
 }
 
+/// The corners of the accepted range (the slowest rate with the largest burst, the
+/// fastest rate with it) build every algorithm, and each holds its window bound there:
+/// the bounds that `Rate` and the burst rule enforce leave the limiters limiting.
+#[test]
+fn the_extreme_rates_and_bursts_hold_their_bounds() {
+    use pushpace::limiter::rate::{MAX_RATE_PER_SECOND, MIN_RATE_PER_SECOND};
+    use pushpace::store::campaigns::MAX_BURST;
+    assert!(Rate::per_second(MIN_RATE_PER_SECOND * 0.999).is_err());
+    let slow = r(MIN_RATE_PER_SECOND);
+    assert_eq!(slow.interval_nanos(), 1000 * SEC);
+    for subject in SUBJECTS {
+        for burst in [0, MAX_BURST] {
+            // Three intervals (or windows) of 1000 s each.
+            let lim = subject.make(slow, burst);
+            let mut sends = Sends::new();
+            saturate(lim.as_ref(), 0, 3000 * SEC, None, &mut sends);
+            let first = sends.first().map_or(0, |s| s.1);
+            assert!(first >= 1, "{subject:?} burst {burst}: nothing at once");
+            assert!(
+                first <= u64::from(subject.batch_cap(slow, burst)),
+                "{subject:?} burst {burst}: {first} at once"
+            );
+            for w in [SEC, 1000 * SEC, 3000 * SEC] {
+                let got = max_in_window(&sends, w);
+                let bound = subject.window_bound(slow, burst, w);
+                assert!(
+                    got <= bound,
+                    "{subject:?} burst {burst}: {got} > {bound} in {w} ns"
+                );
+            }
+        }
+        if subject == Subject::Hierarchical {
+            // Its global cap (10 M/s) would bind at the top rate: not this test's subject.
+            continue;
+        }
+        let fast = r(MAX_RATE_PER_SECOND);
+        let lim = subject.make(fast, MAX_BURST);
+        let mut sends = Sends::new();
+        saturate(lim.as_ref(), 0, SEC / 20, Some(SEC / 1000), &mut sends);
+        let w = SEC / 100;
+        let got = max_in_window(&sends, w);
+        let bound = subject.window_bound(fast, MAX_BURST, w);
+        assert!(got > 0, "{subject:?} at 10 M/s: nothing sent");
+        assert!(
+            got <= bound,
+            "{subject:?} at 10 M/s: {got} > {bound} in 10 ms"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Long-run rate
 
