@@ -14,3 +14,5 @@ mod pipeline;
 mod reliability;
 mod sender;
 mod store;
+mod totals;
+mod watcher;
