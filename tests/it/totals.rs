@@ -148,7 +148,7 @@ async fn totals_follow_flushes_that_insert_and_then_add_into_the_same_seconds() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_flushers_on_shared_campaigns_stay_exact_without_deadlocks() {
+async fn concurrent_flushers_on_shared_campaigns_stay_exact() {
     const FLUSHERS: usize = 4;
     const CAMPAIGNS: usize = 6;
     let (pool, _) = fresh_database().await;
@@ -200,11 +200,53 @@ async fn concurrent_flushers_on_shared_campaigns_stay_exact_without_deadlocks() 
     for (flusher, task) in flushers {
         task.await.unwrap().unwrap();
         assert!(flusher.batches_committed() > 5, "{flusher:?} flushed several times");
-        // A deadlock would abort a flush (and the retry would hide it in the counts).
+        // A failed flush (a deadlock, say) would be retried and hidden in the counts.
         assert_eq!(flusher.failed_writes(), 0, "{flusher:?} never failed");
     }
     assert_eq!(summed(&pool).await, expected);
     assert_eq!(stored(&pool, &ids).await, expected);
+}
+
+/// How long the injected trigger holds each flush between its UPDATE and INSERT passes:
+/// long enough that two flushes surely overlap there, well under the deadlock timeout
+/// (1 s) so that a lock wait alone would not fail.
+const PAUSE_BETWEEN_PASSES: &str = "0.3";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushes_crossing_between_their_update_and_insert_passes_do_not_deadlock() {
+    let (pool, _) = fresh_database().await;
+    // The worst interleaving, made certain: each flush pauses after the UPDATE statement
+    // trigger (triggers of one event fire in name order) and before the INSERT one.
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION pause_between_passes() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_sleep({PAUSE_BETWEEN_PASSES}); RETURN NULL; END $$; \
+         CREATE TRIGGER campaign_totals_add_updated_pause AFTER UPDATE ON delivery_seconds \
+         FOR EACH STATEMENT EXECUTE FUNCTION pause_between_passes();"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let first = StatsRecorder::new();
+    first.campaign("a").record(BASE, Outcome::Sent, 1);
+    first.campaign("b").record(BASE, Outcome::Sent, 1);
+    Flusher::new(first, pool.clone(), fast_config())
+        .flush_now()
+        .await
+        .unwrap();
+    // One flush adds into a's second and inserts one of b's; the other the reverse.
+    let (one, two) = (StatsRecorder::new(), StatsRecorder::new());
+    one.campaign("a").record(BASE, Outcome::Sent, 10);
+    one.campaign("b").record(BASE + 1, Outcome::Sent, 100);
+    two.campaign("b").record(BASE, Outcome::Sent, 1000);
+    two.campaign("a").record(BASE + 2, Outcome::Sent, 10000);
+    let one = Flusher::new(one, pool.clone(), fast_config());
+    let two = Flusher::new(two, pool.clone(), fast_config());
+    let (r1, r2) = tokio::join!(one.flush_now(), two.flush_now());
+    r1.unwrap();
+    r2.unwrap();
+    assert_eq!((one.failed_writes(), two.failed_writes()), (0, 0));
+    assert_eq!(store::totals(&pool, "a").await.unwrap().sent, 10011);
+    assert_eq!(store::totals(&pool, "b").await.unwrap().sent, 1101);
 }
 
 #[tokio::test]
