@@ -360,11 +360,12 @@ pub async fn changed_since(
 
 /// The campaigns among `ids` that exist.
 pub async fn get_many(pool: &PgPool, ids: &[String]) -> Result<Vec<Campaign>, StoreError> {
-    let rows: Vec<CampaignRow> =
-        sqlx::query_as(&format!("SELECT {COLUMNS} FROM campaigns WHERE id = ANY($1)"))
-            .bind(ids)
-            .fetch_all(pool)
-            .await?;
+    let rows: Vec<CampaignRow> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM campaigns WHERE id = ANY($1)"
+    ))
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
     rows.into_iter().map(Campaign::try_from).collect()
 }
 

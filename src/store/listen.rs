@@ -125,12 +125,18 @@ impl CampaignSnapshot {
         let mut len = self.len;
         for c in changed {
             let shard = Arc::make_mut(&mut shards[shard_of(&c.id)]);
-            if shard.insert(Arc::from(c.id.as_str()), Arc::new(c)).is_none() {
+            if shard
+                .insert(Arc::from(c.id.as_str()), Arc::new(c))
+                .is_none()
+            {
                 len += 1;
             }
         }
         for id in removed {
-            if Arc::make_mut(&mut shards[shard_of(id)]).remove(id.as_str()).is_some() {
+            if Arc::make_mut(&mut shards[shard_of(id)])
+                .remove(id.as_str())
+                .is_some()
+            {
                 len -= 1;
             }
         }
@@ -151,7 +157,13 @@ impl CampaignSnapshot {
         let shards = fresh
             .into_iter()
             .zip(self.shards.iter())
-            .map(|(new, old)| if **old == new { old.clone() } else { Arc::new(new) })
+            .map(|(new, old)| {
+                if **old == new {
+                    old.clone()
+                } else {
+                    Arc::new(new)
+                }
+            })
             .collect();
         Self { shards, len }
     }
@@ -272,7 +284,9 @@ impl Drop for CampaignWatcher {
 }
 
 fn lock(stats: &Mutex<WatcherStats>) -> std::sync::MutexGuard<'_, WatcherStats> {
-    stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    stats
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 async fn server_now(pool: &PgPool) -> Result<DateTime<Utc>, StoreError> {
@@ -535,4 +549,92 @@ async fn subscribe(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(CHANNEL).await?;
     Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+    use crate::store::CampaignStatus;
+
+    fn campaign(id: &str, send_rate: f64) -> Campaign {
+        let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default();
+        Campaign {
+            id: id.to_string(),
+            send_rate,
+            algorithm: Algorithm::Gcra,
+            burst: 0,
+            status: CampaignStatus::Active,
+            limiter_scope: None,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    fn many(n: usize) -> Vec<Campaign> {
+        (0..n).map(|i| campaign(&format!("c{i}"), 10.0)).collect()
+    }
+
+    #[test]
+    fn a_change_copies_one_shard_and_readers_see_only_that_shard() {
+        let base = CampaignSnapshot::default().replaced(many(10_000));
+        assert_eq!(base.len(), 10_000);
+        let next = base.with_changes(vec![campaign("c42", 99.0), campaign("new", 1.0)], &[]);
+        assert_eq!(next.len(), 10_001);
+        assert_eq!(next.get("c42").map(|c| c.send_rate), Some(99.0));
+        assert_eq!(base.get("c42").map(|c| c.send_rate), Some(10.0));
+        let shared = (0..SHARDS)
+            .filter(|&i| Arc::ptr_eq(&base.shards[i], &next.shards[i]))
+            .count();
+        let touched: HashSet<usize> = ["c42", "new"].iter().map(|id| shard_of(id)).collect();
+        assert_eq!(shared, SHARDS - touched.len());
+        let seen: Vec<&str> = next
+            .changed_since(Some(&base))
+            .map(|c| c.id.as_str())
+            .collect();
+        assert!(seen.contains(&"c42") && seen.contains(&"new"));
+        // The two shards' campaigns, not the whole map.
+        assert!(seen.len() < 10_000 * 4 / SHARDS, "{}", seen.len());
+        assert_eq!(next.changed_since(None).count(), 10_001);
+        assert_eq!(next.changed_since(Some(&next)).count(), 0);
+
+        let removed = next.with_changes(Vec::new(), &["new".to_string(), "absent".to_string()]);
+        assert_eq!(removed.len(), 10_000);
+        assert!(removed.get("new").is_none());
+    }
+
+    #[test]
+    fn a_full_read_keeps_the_unchanged_shards() {
+        let base = CampaignSnapshot::default().replaced(many(1_000));
+        let mut fresh = many(1_000);
+        fresh[7].send_rate = 5.0;
+        fresh.pop();
+        let next = base.replaced(fresh);
+        assert_eq!(next.len(), 999);
+        assert_eq!(next.get("c7").map(|c| c.send_rate), Some(5.0));
+        assert!(next.get("c999").is_none());
+        let changed: HashSet<usize> = ["c7", "c999"].iter().map(|id| shard_of(id)).collect();
+        for i in 0..SHARDS {
+            assert_eq!(
+                Arc::ptr_eq(&base.shards[i], &next.shards[i]),
+                !changed.contains(&i),
+                "shard {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn queued_notifications_are_read_together() {
+        let (tx, mut rx) = mpsc::channel(16);
+        for id in ["b", "a", "b"] {
+            tx.try_send(Event::Changed(id.to_string())).ok();
+        }
+        let first = rx.try_recv().ok();
+        let ids = first.and_then(|e| batch(e, &mut rx));
+        assert_eq!(ids, Some(vec!["a".to_string(), "b".to_string()]));
+        tx.try_send(Event::Changed("c".to_string())).ok();
+        tx.try_send(Event::Resync).ok();
+        let first = rx.try_recv().ok();
+        assert!(first.is_some_and(|e| batch(e, &mut rx).is_none()));
+    }
 }

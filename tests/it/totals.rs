@@ -87,9 +87,15 @@ async fn totals_follow_flushes_that_insert_and_then_add_into_the_same_seconds() 
             let counter = recorder.campaign(id);
             // Seconds BASE..BASE+3 are written by every round (updates after the first);
             // BASE+4+round is new in each round (inserts), in the same statements.
-            for (s, second) in [BASE, BASE + 1, BASE + 2, BASE + 3, BASE + 4 + u64::from(round)]
-                .into_iter()
-                .enumerate()
+            for (s, second) in [
+                BASE,
+                BASE + 1,
+                BASE + 2,
+                BASE + 3,
+                BASE + 4 + u64::from(round),
+            ]
+            .into_iter()
+            .enumerate()
             {
                 let outcome = OUTCOMES[(s + c + round as usize) % OUTCOMES.len()];
                 let n = 1 + round * 7 + c as u32 * 3 + s as u32;
@@ -125,12 +131,20 @@ async fn totals_follow_flushes_that_insert_and_then_add_into_the_same_seconds() 
     let all: Vec<String> = sums.keys().cloned().collect();
     assert_eq!(stored(&pool, &all).await, sums);
     assert_eq!(sums["delta"].capped, 9);
-    assert_eq!(store::totals(&pool, "nothing").await.unwrap(), Totals::default());
+    assert_eq!(
+        store::totals(&pool, "nothing").await.unwrap(),
+        Totals::default()
+    );
 
     // The API's list reads the same totals.
-    campaigns::put(&pool, "alpha", &CampaignPatch::default(), &CampaignDefaults::default())
-        .await
-        .unwrap();
+    campaigns::put(
+        &pool,
+        "alpha",
+        &CampaignPatch::default(),
+        &CampaignDefaults::default(),
+    )
+    .await
+    .unwrap();
     let list = campaigns::list(&pool, chrono::Utc::now()).await.unwrap();
     assert_eq!(list.len(), 1);
     let alpha = &sums["alpha"];
@@ -199,7 +213,10 @@ async fn concurrent_flushers_on_shared_campaigns_stay_exact() {
     stop_tx.send(true).unwrap();
     for (flusher, task) in flushers {
         task.await.unwrap().unwrap();
-        assert!(flusher.batches_committed() > 5, "{flusher:?} flushed several times");
+        assert!(
+            flusher.batches_committed() > 5,
+            "{flusher:?} flushed several times"
+        );
         // A failed flush (a deadlock, say) would be retried and hidden in the counts.
         assert_eq!(flusher.failed_writes(), 0, "{flusher:?} never failed");
     }

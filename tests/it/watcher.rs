@@ -59,15 +59,14 @@ async fn update_silently(pool: &PgPool, ids: &[&str], send_rate: f64, hold: Dura
         .await
         .unwrap();
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
-    let updated = sqlx::query(
-        "UPDATE campaigns SET send_rate = $2, updated_at = now() WHERE id = ANY($1)",
-    )
-    .bind(&ids)
-    .bind(send_rate)
-    .execute(&mut *tx)
-    .await
-    .unwrap()
-    .rows_affected();
+    let updated =
+        sqlx::query("UPDATE campaigns SET send_rate = $2, updated_at = now() WHERE id = ANY($1)")
+            .bind(&ids)
+            .bind(send_rate)
+            .execute(&mut *tx)
+            .await
+            .unwrap()
+            .rows_affected();
     assert_eq!(updated, ids.len() as u64);
     tokio::time::sleep(hold).await;
     tx.commit().await.unwrap();
@@ -110,7 +109,11 @@ async fn with_100k_campaigns_changes_arrive_within_a_second_and_a_refresh_reads_
         let s = fallback.stats();
         s.full_reads >= 2 && s.refreshes >= 2 && s.last_refresh_rows == 0
     };
-    assert!(eventually(Duration::from_secs(10), settled).await, "{:?}", fallback.stats());
+    assert!(
+        eventually(Duration::from_secs(10), settled).await,
+        "{:?}",
+        fallback.stats()
+    );
 
     // NOTIFY path.
     let started = Instant::now();
@@ -126,7 +129,10 @@ async fn with_100k_campaigns_changes_arrive_within_a_second_and_a_refresh_reads_
     .await
     .expect("the notified change arrived within 1 s")
     .unwrap();
-    eprintln!("notified change with {BULK} campaigns: {:?}", started.elapsed());
+    eprintln!(
+        "notified change with {BULK} campaigns: {:?}",
+        started.elapsed()
+    );
     assert!(notified.stats().notified_reads >= 1);
 
     // Fallback path: no NOTIFY.
@@ -137,14 +143,24 @@ async fn with_100k_campaigns_changes_arrive_within_a_second_and_a_refresh_reads_
     let mut snapshots = fallback.subscribe();
     tokio::time::timeout(
         ARRIVAL,
-        snapshots.wait_for(|s| silent.iter().all(|id| s.get(id).map(|c| c.send_rate) == Some(33.0))),
+        snapshots.wait_for(|s| {
+            silent
+                .iter()
+                .all(|id| s.get(id).map(|c| c.send_rate) == Some(33.0))
+        }),
     )
     .await
     .expect("the silent change arrived within 1 s")
     .unwrap();
-    eprintln!("silent change with {BULK} campaigns: {:?}", started.elapsed());
+    eprintln!(
+        "silent change with {BULK} campaigns: {:?}",
+        started.elapsed()
+    );
     let after = fallback.stats();
-    assert_eq!(after.full_reads, before.full_reads, "found by a refresh, not a full read");
+    assert_eq!(
+        after.full_reads, before.full_reads,
+        "found by a refresh, not a full read"
+    );
     let refreshes = after.refreshes - before.refreshes;
     let rows = after.refreshed_rows - before.refreshed_rows;
     assert!(refreshes >= 1, "{before:?} {after:?}");
@@ -180,7 +196,10 @@ async fn a_silent_change_committed_after_later_refreshes_is_still_found() {
     update_silently(&pool, &["late"], 20.0, hold).await;
     let committed = Instant::now();
     let during = watcher.stats().refreshes - before.refreshes;
-    assert!(during >= 3, "{during} refreshes while the transaction was open");
+    assert!(
+        during >= 3,
+        "{during} refreshes while the transaction was open"
+    );
     let mut snapshots = watcher.subscribe();
     tokio::time::timeout(
         ARRIVAL,
