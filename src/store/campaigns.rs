@@ -339,6 +339,32 @@ pub async fn all(pool: &PgPool) -> Result<Vec<Campaign>, StoreError> {
     rows.into_iter().map(Campaign::try_from).collect()
 }
 
+/// Every campaign whose `updated_at` is at or after `since` (the index on it makes this
+/// a read of those rows only).
+pub async fn changed_since(
+    pool: &PgPool,
+    since: DateTime<Utc>,
+) -> Result<Vec<Campaign>, StoreError> {
+    let rows: Vec<CampaignRow> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM campaigns WHERE updated_at >= $1 ORDER BY updated_at, id"
+    ))
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(Campaign::try_from).collect()
+}
+
+/// The campaigns among `ids` that exist.
+pub async fn get_many(pool: &PgPool, ids: &[String]) -> Result<Vec<Campaign>, StoreError> {
+    let rows: Vec<CampaignRow> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM campaigns WHERE id = ANY($1)"
+    ))
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(Campaign::try_from).collect()
+}
+
 #[derive(sqlx::FromRow)]
 struct SummaryRow {
     #[sqlx(flatten)]
@@ -349,7 +375,7 @@ struct SummaryRow {
     rate_10s: f64,
 }
 
-/// Every campaign with its totals and its send rate over the 10 complete seconds
+/// Every campaign with its lifetime totals (`campaign_totals`) and its send rate over the 10 complete seconds
 /// before `now` (the current, partial second is left out).
 pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSummary>, StoreError> {
     let end = truncate_to_second(now);
@@ -363,8 +389,8 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSumma
                 COALESCE(r.sent, 0)::float8 / 10.0 AS rate_10s \
          FROM campaigns c \
          LEFT JOIN LATERAL ( \
-             SELECT sum(d.sent) AS sent, sum(d.failed) AS failed, sum(d.retried) AS retried \
-             FROM delivery_seconds d WHERE d.campaign_id = c.id) t ON true \
+             SELECT sum(t.sent) AS sent, sum(t.failed) AS failed, sum(t.retried) AS retried \
+             FROM campaign_totals t WHERE t.campaign_id = c.id) t ON true \
          LEFT JOIN LATERAL ( \
              SELECT sum(d.sent) AS sent FROM delivery_seconds d \
              WHERE d.campaign_id = c.id AND d.second >= $1 AND d.second < $2) r ON true \

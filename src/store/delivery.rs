@@ -1,4 +1,6 @@
-//! Reads of `delivery_seconds`: a campaign's per-second series and its totals.
+//! Reads of a campaign's per-second series (`delivery_seconds`) and of its lifetime
+//! totals (`campaign_totals`, which triggers on `delivery_seconds` keep in the flush's
+//! own transaction; retention does not lower them).
 //!
 //! The writes are batched by [`crate::stats::Flusher`], never done one row per send.
 
@@ -24,7 +26,7 @@ pub struct Point {
     pub capped: i64,
 }
 
-/// A campaign's counts over all time.
+/// A campaign's counts over all time, including seconds that retention has deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
 pub struct Totals {
     pub sent: i64,
@@ -82,14 +84,15 @@ pub async fn series(
     Ok(points)
 }
 
-/// A campaign's counts over all its seconds (zeros when it has none).
+/// A campaign's counts over all time (zeros when it has none): one index lookup of its
+/// (at most two) `campaign_totals` rows.
 pub async fn totals(pool: &PgPool, campaign_id: &str) -> Result<Totals, StoreError> {
     let totals = sqlx::query_as(
         "SELECT COALESCE(sum(sent), 0)::int8 AS sent, COALESCE(sum(failed), 0)::int8 AS failed, \
                 COALESCE(sum(retried), 0)::int8 AS retried, \
                 COALESCE(sum(skipped_invalid), 0)::int8 AS skipped_invalid, \
                 COALESCE(sum(capped), 0)::int8 AS capped \
-         FROM delivery_seconds WHERE campaign_id = $1",
+         FROM campaign_totals WHERE campaign_id = $1",
     )
     .bind(campaign_id)
     .fetch_one(pool)

@@ -406,17 +406,20 @@ async fn forward_settings(
     defaults: CampaignDefaults,
 ) {
     let mut last: HashMap<String, CampaignSettings> = HashMap::new();
+    let mut seen: Option<crate::store::listen::CampaignSnapshot> = None;
     loop {
         let current = snapshots.borrow_and_update().clone();
-        for (id, c) in current.iter() {
+        // Only the shards that changed since the last look are compared.
+        for c in current.changed_since(seen.as_ref()) {
             let s = to_settings(c, &defaults);
-            if last.get(id) != Some(&s) {
+            if last.get(&c.id) != Some(&s) {
                 if control.send(Control::Settings(s.clone())).await.is_err() {
                     return;
                 }
-                last.insert(id.clone(), s);
+                last.insert(c.id.clone(), s);
             }
         }
+        seen = Some(current);
         if snapshots.changed().await.is_err() {
             return;
         }

@@ -17,3 +17,5 @@ mod progress;
 mod reliability;
 mod sender;
 mod store;
+mod totals;
+mod watcher;
