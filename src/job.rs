@@ -328,6 +328,17 @@ fn check_token(index: usize, token: &str) -> Result<(), JobError> {
             ),
         ));
     }
+    // No provider issues a token with control characters; a NUL or newline is a
+    // producer's bug, and would break the provider's request or our own records.
+    if let Some(at) = token.bytes().position(|b| b.is_ascii_control()) {
+        return Err(JobError::field_problem(
+            format!("devices[{index}]"),
+            format!(
+                "must not contain control characters (byte 0x{:02x} at {at})",
+                token.as_bytes()[at]
+            ),
+        ));
+    }
     Ok(())
 }
 
