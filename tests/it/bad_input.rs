@@ -81,11 +81,12 @@ impl Suite {
         if let Some(v) = value {
             record = record.payload(v);
         }
-        let (partition, offset) = self
+        let delivery = self
             .producer
             .send(record, Duration::from_secs(30))
             .await
             .unwrap_or_else(|(e, _)| panic!("produce {what}: {e}"));
+        let (partition, offset) = (delivery.partition, delivery.offset);
         self.produced.push(Produced {
             partition,
             offset,
@@ -381,7 +382,9 @@ async fn run_suite(outage: Option<Duration>) {
         tokio::task::block_in_place(|| committed(&topic, &group)) == end
     })
     .await;
-    let log = worker.stop();
+    // Leaving the group at shutdown revokes too: count what happened before it.
+    let log = worker.log();
+    worker.stop();
     check_deliveries(&sink, &suite.produced);
     check_letters(&pool, &topic, &suite.produced).await;
     let revoked = log.matches("partitions revoked").count();
