@@ -35,6 +35,9 @@ pub struct Checks {
     pub broker: Check,
     pub postgres: Check,
     pub migrations: Check,
+    /// The worker's Kafka consumer thread (absent when no worker runs in-process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consumer: Option<Check>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -49,7 +52,20 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readines
         check_postgres(&state),
         check_migrations(&state)
     );
-    let ready = broker.ok && postgres.ok && migrations.ok;
+    let consumer = state.worker().map(|w| {
+        if *w.consumer_running.borrow() {
+            Check {
+                ok: true,
+                detail: "running".into(),
+            }
+        } else {
+            Check {
+                ok: false,
+                detail: "the Kafka consumer thread has stopped".into(),
+            }
+        }
+    });
+    let ready = broker.ok && postgres.ok && migrations.ok && consumer.as_ref().is_none_or(|c| c.ok);
     let status = if ready {
         StatusCode::OK
     } else {
@@ -59,6 +75,7 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readines
         broker,
         postgres,
         migrations,
+        consumer,
     };
     (status, Json(Readiness { ready, checks }))
 }

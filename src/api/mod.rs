@@ -49,6 +49,8 @@ pub const MAX_BODY_BYTES: usize = 16 * 1024;
 pub struct WorkerView {
     pub scheduler: watch::Receiver<SchedulerStats>,
     pub consumer: watch::Receiver<ConsumerStats>,
+    /// False once the Kafka consumer thread has ended.
+    pub consumer_running: watch::Receiver<bool>,
 }
 
 impl WorkerView {
@@ -56,6 +58,7 @@ impl WorkerView {
         Self {
             scheduler: worker.scheduler_stats.clone(),
             consumer: worker.consumer_stats.clone(),
+            consumer_running: worker.consumer_running.clone(),
         }
     }
 

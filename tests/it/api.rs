@@ -1535,3 +1535,21 @@ async fn campaign_and_stats_commands_work_through_a_running_server() {
     assert_eq!(recorded_sent(&app.pool, "cli-a").await, total);
     app.app.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_fails_once_the_consumer_thread_has_stopped() {
+    let mut app = spawn_worker_app(&[(100.0, 10)]).await;
+    let r = app.api.get("/readyz").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.body["checks"]["consumer"]["ok"], true);
+    // The consumer thread ends (here at shutdown; in production on its own, when the
+    // process then exits non-zero): readiness must say so, not look healthy.
+    let worker = app.worker.take().unwrap();
+    let mut running = worker.consumer_running.clone();
+    worker.shutdown().await.expect("worker shutdown");
+    assert!(!*running.borrow_and_update());
+    let r = app.api.get("/readyz").await;
+    assert_eq!(r.status, 503, "{:?}", r.body);
+    assert_eq!(r.body["checks"]["consumer"]["ok"], false);
+    app.stop().await;
+}
