@@ -922,9 +922,9 @@ async fn start_workers(
 const SETTLED_SECONDS: u64 = 6;
 
 /// How long each step of [`ProcessRun::settle`] may take: sending to start and the
-/// partitions to stop moving (together), then the rate to hold within ±2%. tansu has been seen to
-/// move partitions for over a minute; a run that does not settle within this fails,
-/// since its rates would measure the broker's rebalancing, not pushpace.
+/// partitions to stop moving (together), then the rate to hold within ±2%. A run whose
+/// rate does not settle within this fails: its rates would measure the broker's
+/// rebalancing, not pushpace.
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
 impl ProcessRun {
@@ -945,10 +945,11 @@ impl ProcessRun {
         }
         // The group settles in steps (a member joining late, tansu rebalancing again):
         // wait until every worker owns partitions, all six are owned, and nothing has
-        // moved for two of tansu's heartbeats (3 s each).
+        // moved for two of tansu's heartbeats (3 s each). Partitions may still move at
+        // the limit (cooperative moves need not disturb the rate): the rate check decides.
         let mut last = Vec::new();
         let mut unchanged_since = Instant::now();
-        loop {
+        while Instant::now() < end {
             let owned = owned_partitions(&self.logs);
             if owned != last {
                 last = owned;
@@ -963,19 +964,13 @@ impl ProcessRun {
             {
                 break;
             }
-            assert!(
-                Instant::now() < end,
-                "the consumer group did not settle within {SETTLE_LIMIT:?}: partitions \
-                 owned {last:?} (each worker some, all six once, unmoved for 6 s); logs {:?}",
-                self.logs
-            );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         assert!(
             self.stable_within(SETTLE_LIMIT).await.is_some(),
-            "the group's partitions settled, but no {SETTLED_SECONDS} whole seconds in a \
-             row were within ±2% of every campaign's rate within {SETTLE_LIMIT:?} after \
-             (partitions owned: {:?}; logs {:?})",
+            "the consumer group did not settle: no {SETTLED_SECONDS} whole seconds in a row \
+             within ±2% of every campaign's rate within {SETTLE_LIMIT:?} (partitions owned: \
+             {:?}; logs {:?})",
             owned_partitions(&self.logs),
             self.logs
         );
