@@ -726,6 +726,7 @@ async fn a_partition_pauses_when_its_parked_jobs_pass_their_share() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     max_parked = max_parked.max(worker.consumer_stats.borrow().parked_jobs);
     worker.shutdown().await.unwrap();
+    eprintln!("parked jobs: at most {max_parked} seen (share {PARKED_SHARE})");
     assert!(saw_paused, "partition 0 was paused");
     assert!(
         (PARKED_SEEN_AT_LEAST..=MAX_PARKED_WHEN_PAUSED).contains(&max_parked),
