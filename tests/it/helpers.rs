@@ -404,3 +404,64 @@ impl Drop for OwnPostgres {
             .status();
     }
 }
+
+/// The partitions each worker owns, read from its log: with cooperative rebalancing an
+/// "assigned" line adds partitions and a "revoked" line removes them.
+pub fn owned_partitions(logs: &[std::path::PathBuf]) -> Vec<std::collections::BTreeSet<i32>> {
+    logs.iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let mut owned = std::collections::BTreeSet::new();
+            for line in text.lines() {
+                let assigned = line.contains("partitions assigned");
+                if !assigned && !line.contains("partitions revoked") {
+                    continue;
+                }
+                let Some(list) = line.rsplit('[').next().and_then(|l| l.split(']').next()) else {
+                    continue;
+                };
+                for p in list.split(',').filter_map(|p| p.trim().parse::<i32>().ok()) {
+                    if assigned {
+                        owned.insert(p);
+                    } else {
+                        owned.remove(&p);
+                    }
+                }
+            }
+            owned
+        })
+        .collect()
+}
+
+/// Where [`spawn_logged`] writes the worker `name`'s log.
+pub fn worker_log(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.log"))
+}
+
+/// `pushpace run` on the shared broker, logging at info to [`worker_log`]`(name)`, where it
+/// reports the partitions it is assigned and revoked (see [`owned_partitions`]).
+pub fn spawn_logged(
+    topic: &str,
+    group: &str,
+    db_url: &str,
+    sink_url: &str,
+    env: &[(&str, &str)],
+    name: &str,
+) -> std::process::Child {
+    let log = std::fs::File::create(worker_log(name)).unwrap();
+    pushpace_bin()
+        .arg("run")
+        .env("PUSHPACE__KAFKA__BROKERS", brokers())
+        .env("PUSHPACE__KAFKA__TOPIC", topic)
+        .env("PUSHPACE__KAFKA__GROUP_ID", group)
+        .env("PUSHPACE__DATABASE__URL", db_url)
+        .env("PUSHPACE__SENDER__URL", sink_url)
+        .env("PUSHPACE__WORKER__STATS_FLUSH_MS", "200")
+        .env("PUSHPACE__HTTP__BIND", "127.0.0.1:0")
+        .env("RUST_LOG", "info,pushpace=debug")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start pushpace run")
+}
