@@ -321,7 +321,8 @@ mod tests {
 
     /// `next_to_unpark`, reduced to (campaign, place).
     fn next(b: &mut Backlog) -> Option<(Arc<str>, JobRef)> {
-        b.next_to_unpark(true, Instant::now()).map(|(c, p)| (c, p.at))
+        b.next_to_unpark(true, Instant::now())
+            .map(|(c, p)| (c, p.at))
     }
 
     #[test]

@@ -462,7 +462,12 @@ impl Loop {
 
     /// Decodes and checks a job; a bad one is dead-lettered (its offset finishes once
     /// the letter is written).
-    fn decode_or_dead_letter<M: Message>(&self, msg: &M, partition: i32, offset: i64) -> Option<Job> {
+    fn decode_or_dead_letter<M: Message>(
+        &self,
+        msg: &M,
+        partition: i32,
+        offset: i64,
+    ) -> Option<Job> {
         let rejection = match inspect_message(msg) {
             Ok(job) => return Some(job),
             Err(r) => r,

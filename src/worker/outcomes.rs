@@ -47,9 +47,12 @@ pub struct Letter {
 /// What the stage writes.
 #[derive(Debug)]
 pub enum Record {
-    DeadLetter(Letter),
+    DeadLetter(Box<Letter>),
     /// The provider said this token is gone for good.
-    InvalidToken { token: String, reason: String },
+    InvalidToken {
+        token: String,
+        reason: String,
+    },
     /// Offsets committed to Kafka (progress behind them may be pruned).
     Committed(Vec<(i32, i64)>),
 }
@@ -191,7 +194,7 @@ impl OutcomeWriter {
             let mut letters = Vec::new();
             for (seq, record) in buf.drain(..) {
                 match record {
-                    Record::DeadLetter(l) => letters.push((seq, l)),
+                    Record::DeadLetter(l) => letters.push((seq, *l)),
                     Record::InvalidToken { token, reason } => {
                         self.invalid_token(&token, &reason).await;
                         self.written(seq);
@@ -408,5 +411,25 @@ where
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+impl Outcomes {
+    /// A queue with no writer: tests read it and say what is written.
+    pub(crate) fn for_test(capacity: usize) -> (Outcomes, mpsc::Receiver<(u64, Record)>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let shared = Arc::new(Shared {
+            send: Mutex::new(()),
+            next_seq: AtomicU64::new(0),
+            durable: AtomicU64::new(0),
+            writing_down: AtomicBool::new(false),
+        });
+        (Outcomes { tx, shared }, rx)
+    }
+
+    /// Every record below `seq` is written.
+    pub(crate) fn written_below(&self, seq: u64) {
+        self.shared.durable.store(seq, Ordering::Release);
     }
 }

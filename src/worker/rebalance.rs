@@ -114,10 +114,10 @@ impl State {
     fn queue_held_letters(&mut self) {
         while let Some(letter) = self.held_letters.pop_front() {
             let at = (letter.partition, letter.offset);
-            match self.outcomes.record(Record::DeadLetter(letter)) {
+            match self.outcomes.record(Record::DeadLetter(Box::new(letter))) {
                 Ok(seq) => self.lettered.push((at.0, at.1, seq)),
                 Err(Record::DeadLetter(back)) => {
-                    self.held_letters.push_front(back);
+                    self.held_letters.push_front(*back);
                     return;
                 }
                 Err(_) => unreachable!("the queue hands back what it was given"),

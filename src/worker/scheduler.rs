@@ -795,7 +795,7 @@ impl Scheduler {
         let n = self.active.len();
         // The flusher holds too many unwritten rows, or the outcomes queue is full
         // (database down): pause, never drop.
-        let held = self.letters.front().is_some_and(|l| l.seq.is_none());
+        let held = self.letters.back().is_some_and(|l| l.seq.is_none());
         if n == 0 || self.draining || self.stats.backpressure() || held {
             return self.letters_wake(now);
         }
@@ -1093,7 +1093,7 @@ impl Scheduler {
             offset: job.offset,
             device,
         };
-        self.queue_record(Record::DeadLetter(letter), Some(at));
+        self.queue_record(Record::DeadLetter(Box::new(letter)), Some(at));
     }
 
     fn finish_job(&mut self, slot: u32) {
@@ -1467,6 +1467,10 @@ impl std::fmt::Debug for Scheduler {
             .finish()
     }
 }
+
+#[cfg(test)]
+#[path = "scheduler_outcome_tests.rs"]
+mod outcome_tests;
 
 #[cfg(test)]
 mod tests {

@@ -108,8 +108,14 @@ impl Suite {
             .map(|t| (campaign.clone(), job_id.to_string(), t.clone()))
             .collect();
         let value = job(&campaign, job_id, &toks);
-        self.send(partition, Some(key), Some(&value), Expect::Delivered(expect), "good job")
-            .await;
+        self.send(
+            partition,
+            Some(key),
+            Some(&value),
+            Expect::Delivered(expect),
+            "good job",
+        )
+        .await;
     }
 
     /// Every class of bad message, each between good jobs, in both partitions.
@@ -123,31 +129,76 @@ impl Suite {
             self.good(p, "b", &pj("nul-key"), n, b"k\0ey").await;
             self.good(p, "a", &pj("binary-key"), n, &[0xff, 0xfe, 0x00, 0x80])
                 .await;
-            self.good(p, "b", &pj("other-key"), n, b"not-the-campaign").await;
+            self.good(p, "b", &pj("other-key"), n, b"not-the-campaign")
+                .await;
             let nul_token = job(&a, &pj("nul-token"), &["ab\0cd".to_string()]);
-            self.send(p, None, Some(&nul_token), Expect::Letter("invalid_job"), "NUL in a token")
-                .await;
+            self.send(
+                p,
+                None,
+                Some(&nul_token),
+                Expect::Letter("invalid_job"),
+                "NUL in a token",
+            )
+            .await;
             let nul_job_id = job(&a, "job\0id", &tokens("x", 2));
-            self.send(p, None, Some(&nul_job_id), Expect::Letter("invalid_job"), "NUL in job_id")
-                .await;
+            self.send(
+                p,
+                None,
+                Some(&nul_job_id),
+                Expect::Letter("invalid_job"),
+                "NUL in job_id",
+            )
+            .await;
             let mut raw_nul = job(&a, &pj("raw-nul"), &tokens("y", 2));
             let at = raw_nul.len() - 3;
             raw_nul.insert(at, 0);
-            self.send(p, None, Some(&raw_nul), Expect::Letter("malformed_job"), "raw NUL byte in the JSON")
-                .await;
+            self.send(
+                p,
+                None,
+                Some(&raw_nul),
+                Expect::Letter("malformed_job"),
+                "raw NUL byte in the JSON",
+            )
+            .await;
             self.good(p, "a", &pj("j2"), n, b"k").await;
-            self.send(p, Some(b"k"), Some(&[0xc3, 0x28, 0xff, 0x7b]), Expect::Letter("malformed_job"), "non-UTF-8 value")
-                .await;
-            self.send(p, Some(b"k"), None, Expect::Letter("malformed_job"), "no value")
-                .await;
+            self.send(
+                p,
+                Some(b"k"),
+                Some(&[0xc3, 0x28, 0xff, 0x7b]),
+                Expect::Letter("malformed_job"),
+                "non-UTF-8 value",
+            )
+            .await;
+            self.send(
+                p,
+                Some(b"k"),
+                None,
+                Expect::Letter("malformed_job"),
+                "no value",
+            )
+            .await;
             // Past serde_json's depth limit inside the payload (which is decoded).
             let nested = format!("{}{}", "[".repeat(200), "]".repeat(200));
-            let deep = format!(r#"{{"campaign_id":"{a}","job_id":"deep","devices":["d"],"payload":{{"x":{nested}}}}}"#);
-            self.send(p, None, Some(deep.as_bytes()), Expect::Letter("invalid_job"), "deeply nested JSON")
-                .await;
+            let deep = format!(
+                r#"{{"campaign_id":"{a}","job_id":"deep","devices":["d"],"payload":{{"x":{nested}}}}}"#
+            );
+            self.send(
+                p,
+                None,
+                Some(deep.as_bytes()),
+                Expect::Letter("invalid_job"),
+                "deeply nested JSON",
+            )
+            .await;
             let big = vec![b' '; pushpace::job::MAX_MESSAGE_BYTES + 1];
-            self.send(p, None, Some(&big), Expect::Letter("malformed_job"), "oversized message")
-                .await;
+            self.send(
+                p,
+                None,
+                Some(&big),
+                Expect::Letter("malformed_job"),
+                "oversized message",
+            )
+            .await;
             // The same job_id in two campaigns: two jobs, two progress rows.
             let shared = tokens("shared", 30);
             for name in ["a", "b"] {
@@ -157,8 +208,14 @@ impl Suite {
                     .map(|t| (campaign.clone(), pj("shared"), t.clone()))
                     .collect();
                 let value = job(&campaign, &pj("shared"), &shared);
-                self.send(p, None, Some(&value), Expect::Delivered(expect), "job_id reused")
-                    .await;
+                self.send(
+                    p,
+                    None,
+                    Some(&value),
+                    Expect::Delivered(expect),
+                    "job_id reused",
+                )
+                .await;
             }
             self.good(p, "b", &pj("j3"), n, b"k").await;
         }
@@ -211,7 +268,11 @@ impl WorkerProcess {
 
     fn stop(mut self) -> String {
         let status = crate::helpers::sigterm_and_wait(&mut self.child);
-        assert!(status.success(), "worker exited with {status}: {}", self.log());
+        assert!(
+            status.success(),
+            "worker exited with {status}: {}",
+            self.log()
+        );
         self.log()
     }
 }
@@ -324,7 +385,11 @@ async fn run_suite(outage: Option<Duration>) {
                     .collect(),
             )
         };
-        let what = if j == 1 { "parked offset deleted by retention" } else { "slow job" };
+        let what = if j == 1 {
+            "parked offset deleted by retention"
+        } else {
+            "slow job"
+        };
         suite.send(0, None, Some(&value), expect, what).await;
         slow_jobs.push(suite.produced.last().unwrap().offset);
     }
@@ -343,12 +408,18 @@ async fn run_suite(outage: Option<Duration>) {
         })
         .sum();
     if let Some(outage) = outage {
-        wait_for("the first deliveries", DELIVERY_LIMIT, || sink.summary().distinct_delivered >= 100).await;
+        wait_for("the first deliveries", DELIVERY_LIMIT, || {
+            sink.summary().distinct_delivered >= 100
+        })
+        .await;
         pg.stop();
         tokio::time::sleep(outage).await;
         pg.start().await;
     }
-    wait_for("the good devices", DELIVERY_LIMIT, || sink.summary().distinct_delivered >= others as u64).await;
+    wait_for("the good devices", DELIVERY_LIMIT, || {
+        sink.summary().distinct_delivered >= others as u64
+    })
+    .await;
     // Retention deletes the first two of the slow campaign's records (one held, one
     // parked), then the campaign is resumed: the parked one cannot be re-read.
     delete_records(&topic, 0, slow_jobs[1] + 1).await;
@@ -365,8 +436,15 @@ async fn run_suite(outage: Option<Duration>) {
             Expect::Letter(_) => 0,
         })
         .sum();
-    wait_for("every good device", DELIVERY_LIMIT, || sink.summary().distinct_delivered >= all as u64).await;
-    let letters = suite.produced.iter().filter(|p| matches!(p.expect, Expect::Letter(_))).count();
+    wait_for("every good device", DELIVERY_LIMIT, || {
+        sink.summary().distinct_delivered >= all as u64
+    })
+    .await;
+    let letters = suite
+        .produced
+        .iter()
+        .filter(|p| matches!(p.expect, Expect::Letter(_)))
+        .count();
     let deadline = std::time::Instant::now() + DELIVERY_LIMIT;
     while letter_count(&pool).await < letters as i64 {
         assert!(std::time::Instant::now() < deadline, "dead letters missing");
@@ -407,7 +485,11 @@ fn check_deliveries(sink: &SinkHandle, produced: &[Produced]) {
     let mut seen: HashMap<(String, String, String), usize> = HashMap::new();
     for a in sink.arrivals() {
         if a.status.is_some_and(|s| (200..300).contains(&s)) {
-            let key = (a.campaign_id.to_string(), a.job_id.to_string(), a.device_token);
+            let key = (
+                a.campaign_id.to_string(),
+                a.job_id.to_string(),
+                a.device_token,
+            );
             *seen.entry(key).or_default() += 1;
         }
     }
@@ -416,11 +498,22 @@ fn check_deliveries(sink: &SinkHandle, produced: &[Produced]) {
         if let Expect::Delivered(devices) = &p.expect {
             for d in devices {
                 expected += 1;
-                assert_eq!(seen.get(d), Some(&1), "{d:?} of the {} at {}:{}", p.what, p.partition, p.offset);
+                assert_eq!(
+                    seen.get(d),
+                    Some(&1),
+                    "{d:?} of the {} at {}:{}",
+                    p.what,
+                    p.partition,
+                    p.offset
+                );
             }
         }
     }
-    assert_eq!(seen.len(), expected, "deliveries of devices no good job holds");
+    assert_eq!(
+        seen.len(),
+        expected,
+        "deliveries of devices no good job holds"
+    );
 }
 
 async fn check_letters(pool: &PgPool, topic: &str, produced: &[Produced]) {
@@ -437,10 +530,22 @@ async fn check_letters(pool: &PgPool, topic: &str, produced: &[Produced]) {
     }
     let mut expected = 0;
     for p in produced {
-        let Expect::Letter(kind) = p.expect else { continue };
+        let Expect::Letter(kind) = p.expect else {
+            continue;
+        };
         expected += 1;
-        let got = by_offset.get(&(p.partition, p.offset)).cloned().unwrap_or_default();
-        assert_eq!(got.len(), 1, "{} at {}:{}: letters {got:?}", p.what, p.partition, p.offset);
+        let got = by_offset
+            .get(&(p.partition, p.offset))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            got.len(),
+            1,
+            "{} at {}:{}: letters {got:?}",
+            p.what,
+            p.partition,
+            p.offset
+        );
         assert_eq!(got[0].0, kind, "{}: {got:?}", p.what);
         assert!(got[0].1.len() > 10, "{}: reason {:?}", p.what, got[0].1);
     }

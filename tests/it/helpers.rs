@@ -331,7 +331,15 @@ impl OwnPostgres {
         let name = unique_name("pp");
         let port = free_port();
         let status = std::process::Command::new("pg_createcluster")
-            .args([&version, &name, "-p", &port.to_string(), "--", "-A", "trust"])
+            .args([
+                &version,
+                &name,
+                "-p",
+                &port.to_string(),
+                "--",
+                "-A",
+                "trust",
+            ])
             .stdout(std::process::Stdio::null())
             .status()
             .expect("pg_createcluster");
@@ -365,7 +373,10 @@ impl OwnPostgres {
         .await;
         let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while sqlx::PgPool::connect(&url).await.is_err() {
-            assert!(std::time::Instant::now() < end, "own PostgreSQL never answered");
+            assert!(
+                std::time::Instant::now() < end,
+                "own PostgreSQL never answered"
+            );
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     }

@@ -88,7 +88,7 @@ async fn delivers_with_the_exact_body_and_idempotency_key() {
         let (sink, sender) = sink_and_sender(transport).await;
         // Odd spacing, escapes and non-ASCII in the payload; a token that needs escaping.
         let payload = "{ \"title\" : \"Hi \\u00e9 \\\"q\\\"\",\n  \"n\":1.50e2 , \"z\":[ ] }";
-        let token = "tok \"b\"\\\n\u{1}é";
+        let token = "tok \"b\"\\/é\u{2028}";
         let job = job("j-1", "spring-sale", &["tok-a", token], payload);
 
         assert_eq!(sender.send(&job, 1).await, SendOutcome::Delivered);
