@@ -448,7 +448,11 @@ impl RateLimiter for LeasedLimiter {
 
 /// `rate / workers`, at least a valid rate.
 pub(crate) fn share(rate: Rate, workers: u32) -> Rate {
-    Rate::per_second(rate.as_f64() / f64::from(workers.max(1))).unwrap_or(rate)
+    // Below the smallest rate a Rate holds, each worker gets that smallest rate: the
+    // closest to an even split (the whole rate per worker would be `workers` times it).
+    let each = (rate.as_f64() / f64::from(workers.max(1)))
+        .max(crate::limiter::rate::MIN_RATE_PER_SECOND);
+    Rate::per_second(each).unwrap_or(rate)
 }
 
 /// Keeps the next lease ready; switches the campaign to and from its fallback.
@@ -555,6 +559,14 @@ mod tests {
     use super::*;
 
     const MS: Nanos = 1_000_000;
+
+    #[test]
+    fn a_share_below_the_smallest_rate_is_the_smallest_rate() {
+        let r = |x: f64| Rate::per_second(x).unwrap();
+        assert_eq!(share(r(100.0), 4), r(25.0));
+        assert_eq!(share(r(0.002), 4), r(0.001));
+        assert_eq!(share(r(0.001), 1), r(0.001));
+    }
 
     fn state(leases: &[(Nanos, u64)], interval: Nanos) -> State {
         let mut s = State {

@@ -93,6 +93,12 @@ pub struct ConsumerParams {
 /// consumption back instead of piling jobs up.
 const MAX_PENDING: usize = 32;
 
+/// How long a later stage may have no room before every partition is paused. Longer
+/// than a lookup's round trip or a busy scheduler's turn (pausing drops librdkafka's
+/// prefetched messages, so pausing on every short wait would cost throughput), much
+/// shorter than the group's poll interval.
+const PRESSURE_GRACE: Duration = Duration::from_millis(200);
+
 /// How long a failed re-read of a parked job waits before that campaign tries again.
 const REFETCH_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -177,6 +183,7 @@ pub fn spawn(
         stats: params.stats,
         flush_now: params.flush_now,
         enricher: params.enricher,
+        pressed_since: None,
     };
     let thread = std::thread::Builder::new()
         .name("kafka-consumer".into())
@@ -217,6 +224,8 @@ struct Loop {
     stats: tokio::sync::watch::Sender<ConsumerStats>,
     flush_now: FlushNow,
     enricher: Enricher,
+    /// Since when a later stage has had no room.
+    pressed_since: Option<Instant>,
 }
 
 impl Loop {
@@ -231,12 +240,17 @@ impl Loop {
         self.with_state(|s, _| s.drain_events());
         self.follow_live_rates();
         self.forward_looked_up();
-        let pressure = self.under_pressure();
-        if !pressure {
+        let pressed = self.under_pressure();
+        let now = Instant::now();
+        self.pressed_since = pressed.then(|| self.pressed_since.unwrap_or(now));
+        let hold = self
+            .pressed_since
+            .is_some_and(|t| now.duration_since(t) >= PRESSURE_GRACE);
+        if !pressed {
             self.unpark_due();
         }
-        self.adjust_pauses(pressure);
-        self.publish_stats(pressure);
+        self.adjust_pauses(hold);
+        self.publish_stats(hold);
         // Lookups come back within milliseconds: do not sleep 50 ms on them.
         let busy = self.with_state(|s, _| !s.pending.is_empty() || !s.ready.is_empty());
         let wait = Duration::from_millis(if busy { 1 } else { 50 });
