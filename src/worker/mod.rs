@@ -11,6 +11,7 @@
 
 pub mod backlog;
 pub mod consumer;
+pub mod message;
 pub mod offsets;
 pub mod refetch;
 pub mod scheduler;

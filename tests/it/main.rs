@@ -11,6 +11,7 @@ mod hygiene;
 mod job;
 mod limiter;
 mod pipeline;
+mod poison_headers;
 mod reliability;
 mod sender;
 mod store;

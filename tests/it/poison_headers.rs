@@ -1,0 +1,129 @@
+//! Messages whose headers rdkafka's own accessors cannot read, through the real broker:
+//! a non-UTF-8 header name (rdkafka's reader panics on it) and a header block librdkafka
+//! cannot parse (rdkafka's reader reports "no headers"). Both must come back from
+//! `inspect_message` as `malformed_job`, without a panic.
+
+use crate::helpers::{brokers, fresh_topic, unique_name};
+use pushpace::store::DeadLetterKind;
+use pushpace::worker::message::{inspect_message, raw_headers, Rejection};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{BorrowedMessage, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use std::time::{Duration, Instant};
+
+const JOB: &str = r#"{"job_id":"j1","campaign_id":"c1","devices":["t"],"payload":{}}"#;
+
+/// How long the produced messages may take to come back: a produce with acks=all and a
+/// fetch on the shared broker take well under a second; the rest is room for a 2-core
+/// machine running other builds.
+const READ_BACK_LIMIT: Duration = Duration::from_secs(60);
+
+/// More headers than librdkafka's consumer will parse (it refuses over 100,000).
+const UNPARSEABLE_HEADER_COUNT: usize = 100_001;
+
+async fn produce(topic: &str, headers: Vec<OwnedHeaders>) {
+    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
+        .create()
+        .expect("producer");
+    for h in headers {
+        producer
+            .send(
+                FutureRecord::to(topic)
+                    .partition(0)
+                    .key("c1")
+                    .payload(JOB)
+                    .headers(h),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("produce");
+    }
+}
+
+/// Reads `count` messages of partition 0 from the start and hands each to `check`.
+fn read_back(topic: &str, count: usize, mut check: impl FnMut(usize, &BorrowedMessage<'_>)) {
+    let consumer: BaseConsumer = pushpace::broker::client_config(&brokers())
+        .set("group.id", unique_name("poison"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).expect("assign");
+    let deadline = Instant::now() + READ_BACK_LIMIT;
+    let mut seen = 0;
+    while seen < count {
+        assert!(Instant::now() < deadline, "read {seen} of {count} messages in {READ_BACK_LIMIT:?}");
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(msg)) => {
+                check(seen, &msg);
+                seen += 1;
+            }
+            Some(Err(e)) => panic!("consume: {e}"),
+            None => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_utf8_header_names_and_values_are_malformed_not_a_panic() {
+    let topic = fresh_topic(1).await;
+    produce(
+        &topic,
+        vec![
+            raw_headers(&[(&[0xff, 0xfe], Some(b"v"))]),
+            raw_headers(&[(b"trace", Some(b"t")), (b"bin", Some(&[0xc3, 0x28]))]),
+            raw_headers(&[(b"trace", Some(b"t")), (b"empty", None)]),
+        ],
+    )
+    .await;
+
+    let mut results: Vec<Result<String, Rejection>> = Vec::new();
+    read_back(&topic, 3, |i, msg| {
+        if i == 0 {
+            // The broker kept the raw name bytes: rdkafka's own reader panics on them.
+            let caught = std::panic::catch_unwind(|| msg.headers().map(|h| h.iter().count()));
+            assert!(caught.is_err(), "rdkafka read the non-UTF-8 name");
+        }
+        let result = inspect_message(msg).map(|j| j.job_id);
+        // A parked message is re-read detached; it must get the same answer.
+        assert_eq!(inspect_message(&msg.detach()).map(|j| j.job_id), result);
+        results.push(result);
+    });
+
+    let malformed = |reason: &str| {
+        Err(Rejection {
+            kind: DeadLetterKind::MalformedJob,
+            reason: reason.into(),
+        })
+    };
+    assert_eq!(
+        results,
+        vec![
+            malformed(r#"header 0: the name is not UTF-8 text (invalid byte at offset 0): "\xff\xfe""#),
+            malformed(r#"header 1 ("bin"): the value is not UTF-8 text (invalid byte at offset 0): "\xc3(""#),
+            Ok("j1".to_string()),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_librdkafka_cannot_parse_are_malformed() {
+    let topic = fresh_topic(1).await;
+    let empty: Vec<(&[u8], Option<&[u8]>)> = vec![(b"", None); UNPARSEABLE_HEADER_COUNT];
+    produce(&topic, vec![raw_headers(&empty)]).await;
+
+    read_back(&topic, 1, |_, msg| {
+        // rdkafka's reader takes the unparseable block for "no headers".
+        assert!(msg.headers().is_none());
+        let r = inspect_message(msg).unwrap_err();
+        assert_eq!(r.kind, DeadLetterKind::MalformedJob);
+        assert_eq!(
+            r.reason,
+            "the message headers cannot be read: BadMessage (Local: Bad message format)"
+        );
+    });
+}
