@@ -120,7 +120,11 @@ fuzz_target!(|data: &[u8]| {
         (_, None) if expected.len() > MAX_HEADERS => {
             let r = result.as_ref().expect_err("too many headers were accepted");
             assert_eq!(r.kind, DeadLetterKind::MalformedJob);
-            assert!(r.reason.starts_with("the message has more than"), "{}", r.reason);
+            assert!(
+                r.reason.starts_with("the message has more than"),
+                "{}",
+                r.reason
+            );
         }
         (_, None) => {
             let decoded = decode(input.value.unwrap_or(&[]), None).map_err(Rejection::from);

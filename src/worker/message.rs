@@ -257,7 +257,11 @@ pub fn raw_headers(headers: &[(&[u8], Option<&[u8]>)]) -> OwnedHeaders {
                 value_len,
             )
         };
-        assert_eq!(err, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR, "a new header list is writable");
+        assert_eq!(
+            err,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR,
+            "a new header list is writable"
+        );
     }
     owned
 }
@@ -325,7 +329,13 @@ mod tests {
     fn long_bad_bytes_are_echoed_cut_and_escaped() {
         let name: Vec<u8> = (0..1000u32).map(|i| (i % 256) as u8).skip(1).collect();
         let r = inspect(None, [(&name[..], None)]).unwrap_err();
-        assert!(r.reason.starts_with("header 0: the name is not UTF-8 text (invalid byte at offset 127): \"\\x01\\x02"), "{}", r.reason);
+        assert!(
+            r.reason.starts_with(
+                "header 0: the name is not UTF-8 text (invalid byte at offset 127): \"\\x01\\x02"
+            ),
+            "{}",
+            r.reason
+        );
         assert!(r.reason.ends_with("… (999 bytes)"), "{}", r.reason);
         assert_storable(&r.reason);
     }
@@ -354,29 +364,47 @@ mod tests {
         assert!(inspect_message(&message(None, Some(OwnedHeaders::new()))).is_ok());
         assert!(inspect(Some(JOB), std::iter::empty()).is_ok());
         let h = raw_headers(&[(b"", None), (b"", Some(b""))]);
-        assert_eq!(listed(&h), vec![(Vec::new(), None), (Vec::new(), Some(Vec::new()))]);
+        assert_eq!(
+            listed(&h),
+            vec![(Vec::new(), None), (Vec::new(), Some(Vec::new()))]
+        );
         assert!(inspect_message(&message(None, Some(h))).is_ok());
     }
 
     #[test]
     fn at_most_max_headers() {
-        let names: Vec<Vec<u8>> = (0..=MAX_HEADERS).map(|i| format!("h{i}").into_bytes()).collect();
-        let pairs: Vec<(&[u8], Option<&[u8]>)> = names.iter().map(|n| (&n[..], Some(&b"v"[..]))).collect();
+        let names: Vec<Vec<u8>> = (0..=MAX_HEADERS)
+            .map(|i| format!("h{i}").into_bytes())
+            .collect();
+        let pairs: Vec<(&[u8], Option<&[u8]>)> =
+            names.iter().map(|n| (&n[..], Some(&b"v"[..]))).collect();
         let ok = raw_headers(&pairs[..MAX_HEADERS]);
         assert!(inspect_message(&message(None, Some(ok))).is_ok());
         let over = raw_headers(&pairs);
         let r = inspect_message(&message(None, Some(over))).unwrap_err();
         assert_eq!(r.kind, DeadLetterKind::MalformedJob);
-        assert_eq!(r.reason, "the message has more than 64 headers; the limit is 64");
+        assert_eq!(
+            r.reason,
+            "the message has more than 64 headers; the limit is 64"
+        );
     }
 
     #[test]
     fn reads_utf8_headers_as_rdkafka_does() {
         // Guards the pointer taken from rdkafka's header view against a change in rdkafka.
         let h = OwnedHeaders::new()
-            .insert(Header { key: "a", value: Some("1") })
-            .insert(Header { key: "", value: None::<&str> })
-            .insert(Header { key: "ünï", value: Some(&[0u8, 0xff][..]) });
+            .insert(Header {
+                key: "a",
+                value: Some("1"),
+            })
+            .insert(Header {
+                key: "",
+                value: None::<&str>,
+            })
+            .insert(Header {
+                key: "ünï",
+                value: Some(&[0u8, 0xff][..]),
+            });
         let theirs: Vec<(Vec<u8>, Option<Vec<u8>>)> = h
             .iter()
             .map(|x| (x.key.as_bytes().to_vec(), x.value.map(<[u8]>::to_vec)))
