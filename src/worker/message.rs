@@ -24,8 +24,9 @@ use std::marker::PhantomData;
 /// The bound keeps the work per message small whatever a producer writes.
 pub const MAX_HEADERS: usize = 64;
 
-/// Longest echo of a header's bytes inside a reason, before escaping.
-const MAX_ECHO_BYTES: usize = 48;
+/// Longest echo of a header's bytes inside a reason, in characters after escaping, so
+/// that a reason (which may echo a name and a value) stays under 300 characters.
+const MAX_ECHO_CHARS: usize = 48;
 
 /// Why a message is dead-lettered: the kind and a reason fit to store and to print.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,14 +106,24 @@ fn header_problem(idx: usize, name: &[u8], value: Option<&[u8]>) -> Result<(), S
     Ok(())
 }
 
-/// Bytes as a quoted, ASCII-escaped string, cut to [`MAX_ECHO_BYTES`] bytes.
+/// Bytes as a quoted, ASCII-escaped string of at most [`MAX_ECHO_CHARS`] characters
+/// between the quotes (a byte such as 0xff takes four: `\xff`).
 fn echo(bytes: &[u8]) -> String {
-    let shown = &bytes[..bytes.len().min(MAX_ECHO_BYTES)];
-    let mut s = format!("\"{}\"", shown.escape_ascii());
-    if shown.len() < bytes.len() {
-        s.push_str(&format!("… ({} bytes)", bytes.len()));
+    let mut shown = String::new();
+    let mut used = 0;
+    for &b in bytes {
+        let escaped = std::ascii::escape_default(b);
+        if shown.len() + escaped.len() > MAX_ECHO_CHARS {
+            break;
+        }
+        shown.extend(escaped.map(char::from));
+        used += 1;
     }
-    s
+    if used < bytes.len() {
+        format!("\"{shown}\"… ({} bytes)", bytes.len())
+    } else {
+        format!("\"{shown}\"")
+    }
 }
 
 /// A message whose headers can be listed as raw bytes.
@@ -338,6 +349,14 @@ mod tests {
         );
         assert!(r.reason.ends_with("… (999 bytes)"), "{}", r.reason);
         assert_storable(&r.reason);
+        // The fuzzer's case: a long name and a long bad value at a two-digit index.
+        let mut pairs: Vec<(&[u8], Option<&[u8]>)> = vec![(b"ok", None); 63];
+        let value = [0x7fu8; 1000];
+        pairs.push((&value[..66], Some(&name[..])));
+        let r = inspect(None, pairs).unwrap_err();
+        assert!(r.reason.starts_with(r#"header 63 ("\x7f"#), "{}", r.reason);
+        assert_storable(&r.reason);
+        assert!(r.reason.chars().count() <= 300, "{}", r.reason);
     }
 
     #[test]
