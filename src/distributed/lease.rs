@@ -450,8 +450,8 @@ impl RateLimiter for LeasedLimiter {
 pub(crate) fn share(rate: Rate, workers: u32) -> Rate {
     // Below the smallest rate a Rate holds, each worker gets that smallest rate: the
     // closest to an even split (the whole rate per worker would be `workers` times it).
-    let each = (rate.as_f64() / f64::from(workers.max(1)))
-        .max(crate::limiter::rate::MIN_RATE_PER_SECOND);
+    let each =
+        (rate.as_f64() / f64::from(workers.max(1))).max(crate::limiter::rate::MIN_RATE_PER_SECOND);
     Rate::per_second(each).unwrap_or(rate)
 }
 

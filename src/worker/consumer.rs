@@ -21,6 +21,7 @@
 
 use super::backlog::{Backlog, JobRef};
 use super::enrich::{self, Enricher, Lookups};
+use super::message::HeaderSource;
 use super::outcomes::{Letter, Outcomes};
 use super::rebalance::{Ctx, State};
 use super::refetch::{RefetchError, Refetcher};
@@ -476,13 +477,13 @@ impl Loop {
 
     /// Decodes and checks a job; a bad one is dead-lettered (its offset finishes once
     /// the letter is written).
-    fn decode_or_dead_letter<M: Message>(
+    fn decode_or_dead_letter<M: HeaderSource>(
         &self,
         msg: &M,
         partition: i32,
         offset: i64,
     ) -> Option<Job> {
-        let rejection = match inspect_message(msg) {
+        let rejection = match super::message::inspect_message(msg) {
             Ok(job) => return Some(job),
             Err(r) => r,
         };
@@ -659,28 +660,3 @@ impl Loop {
 
 /// Cached campaign settings before expired entries are swept.
 const MAX_CACHED_CAMPAIGNS: usize = 100_000;
-
-/// Why a message was refused.
-struct Rejection {
-    kind: DeadLetterKind,
-    reason: String,
-}
-
-/// Decodes a message: headers must be UTF-8 text, the value a valid job.
-fn inspect_message<M: Message>(msg: &M) -> Result<Job, Rejection> {
-    use rdkafka::message::Headers;
-    if let Some(headers) = msg.headers() {
-        for h in headers.iter() {
-            if h.value.is_some_and(|v| std::str::from_utf8(v).is_err()) {
-                return Err(Rejection {
-                    kind: DeadLetterKind::MalformedJob,
-                    reason: format!("header {:?} is not UTF-8 text", h.key),
-                });
-            }
-        }
-    }
-    crate::job::decode(msg.payload().unwrap_or(&[])).map_err(|e| Rejection {
-        kind: e.kind(),
-        reason: e.to_string(),
-    })
-}

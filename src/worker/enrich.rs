@@ -19,9 +19,8 @@ use crate::job::Job;
 use crate::store::campaigns::{self, CampaignDefaults};
 use crate::store::{progress, StoreError};
 use sqlx::PgPool;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// What a job's lookups found.
 #[derive(Debug, Default)]
@@ -133,33 +132,18 @@ impl Enricher {
         &self,
         what: &str,
         transient: fn(&E) -> bool,
-        mut f: F,
+        f: F,
     ) -> Option<T>
     where
         E: std::fmt::Display,
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, E>>,
     {
-        let mut backoff = BACKOFF_FIRST;
-        loop {
-            match f().await {
-                Ok(v) => {
-                    if self.db_down.swap(false, Ordering::Relaxed) {
-                        tracing::info!("job lookups answer again");
-                    }
-                    return Some(v);
-                }
-                Err(e) if transient(&e) => {
-                    if !self.db_down.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(error = %e, what, "job lookup failed; retrying with backoff (the job waits)");
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, what, "job lookup failed for good; the job goes on without it");
-                    return None;
-                }
+        match super::retry::until_settled(what, &self.db_down, transient, f).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::error!(error = %e, what, "job lookup failed for good; the job goes on without it");
+                None
             }
         }
     }
@@ -171,10 +155,6 @@ fn hygiene_transient(e: &crate::hygiene::HygieneError) -> bool {
         _ => false,
     }
 }
-
-/// The first wait after a failed lookup, and the longest.
-const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// A campaign's settings until its stored ones are read: the job's own, else the
 /// defaults. Used only to size the consumer's lookahead; the scheduler gets the stored.

@@ -16,10 +16,12 @@
 pub mod backlog;
 pub mod consumer;
 pub mod enrich;
+pub mod message;
 pub mod offsets;
 pub mod outcomes;
 mod rebalance;
 pub mod refetch;
+mod retry;
 pub mod scheduler;
 
 use crate::config::{CappingScope, SenderKind, Settings};

@@ -23,7 +23,6 @@ use sqlx::PgPool;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// A dead letter owned by the queue.
@@ -383,35 +382,13 @@ impl Failure {
     }
 }
 
-/// The first wait after a transient failure, and the longest.
-const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// Runs `f` until it succeeds or fails for good; transient failures wait and retry.
-async fn retry<F, Fut>(what: &str, shared: &Shared, mut f: F) -> Result<(), Failure>
+/// Runs `f` until it succeeds or fails for good; the stage's flag says when it waits.
+async fn retry<F, Fut>(what: &str, shared: &Shared, f: F) -> Result<(), Failure>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), Failure>>,
 {
-    let mut backoff = BACKOFF_FIRST;
-    loop {
-        match f().await {
-            Ok(()) => {
-                if shared.writing_down.swap(false, Ordering::Relaxed) {
-                    tracing::info!(what, "outcomes are being written again");
-                }
-                return Ok(());
-            }
-            Err(e) if e.transient => {
-                if !shared.writing_down.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(error = %e, what, "cannot write outcomes; retrying with backoff (the worker holds new work meanwhile)");
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    super::retry::until_settled(what, &shared.writing_down, |e: &Failure| e.transient, f).await
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 
 use crate::helpers::{brokers, fresh_topic, pushpace_bin, unique_name, wait_for, OwnPostgres};
 use pushpace::sink::{Sink, SinkConfig, SinkHandle};
+use pushpace::worker::message::raw_headers;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -73,8 +74,24 @@ impl Suite {
         expect: Expect,
         what: &'static str,
     ) {
+        self.send_with(partition, key, value, None, expect, what)
+            .await;
+    }
+
+    async fn send_with(
+        &mut self,
+        partition: i32,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: Option<rdkafka::message::OwnedHeaders>,
+        expect: Expect,
+        what: &'static str,
+    ) {
         let mut record: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(&self.topic).partition(partition);
+        if let Some(h) = headers {
+            record = record.headers(h);
+        }
         if let Some(k) = key {
             record = record.key(k);
         }
@@ -175,6 +192,29 @@ impl Suite {
                 None,
                 Expect::Letter("malformed_job"),
                 "no value",
+            )
+            .await;
+            // rdkafka's own header reader panics on a name that is not UTF-8.
+            let bad_name = raw_headers(&[(&[0xff, 0xfe, 0x00], Some(b"v"))]);
+            let value = job(&a, &pj("bad-header-name"), &tokens("h", 2));
+            self.send_with(
+                p,
+                None,
+                Some(&value),
+                Some(bad_name),
+                Expect::Letter("malformed_job"),
+                "non-UTF-8 header name",
+            )
+            .await;
+            let bad_value = raw_headers(&[(b"trace", Some(&[0xc3, 0x28]))]);
+            let value = job(&a, &pj("bad-header-value"), &tokens("h", 2));
+            self.send_with(
+                p,
+                None,
+                Some(&value),
+                Some(bad_value),
+                Expect::Letter("malformed_job"),
+                "non-UTF-8 header value",
             )
             .await;
             // Past serde_json's depth limit inside the payload (which is decoded).

@@ -13,6 +13,7 @@ mod hygiene;
 mod job;
 mod limiter;
 mod pipeline;
+mod poison_headers;
 mod progress;
 mod reliability;
 mod sender;
