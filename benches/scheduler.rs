@@ -46,16 +46,9 @@ fn scheduler() -> (
     let s = Scheduler::new(
         SchedulerConfig {
             max_active_campaigns: CAMPAIGNS,
-            quantum_min: Duration::from_millis(10),
-            quantum_max: Duration::from_millis(1000),
             max_in_flight: 1_000_000,
             max_attempts: 5,
-            retry_base: Duration::from_millis(100),
-            retry_max: Duration::from_secs(10),
-            give_up_after: Duration::ZERO,
-            global_rate: None,
-            limiters: std::sync::Arc::new(pushpace::worker::scheduler::LocalLimiters),
-            forget_after: Duration::from_secs(600),
+            ..SchedulerConfig::default()
         },
         AnySender::Null(NullSender),
         StatsRecorder::new(),

@@ -90,6 +90,25 @@ pub struct SchedulerConfig {
     pub forget_after: Duration,
 }
 
+/// The shipped defaults (config/base.toml) with in-process limiters and no global cap.
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_active_campaigns: 100,
+            quantum_min: Duration::from_millis(10),
+            quantum_max: Duration::from_millis(1000),
+            max_in_flight: 512,
+            max_attempts: 8,
+            retry_base: Duration::from_millis(100),
+            retry_max: Duration::from_secs(10),
+            give_up_after: Duration::ZERO,
+            global_rate: None,
+            limiters: Arc::new(LocalLimiters),
+            forget_after: Duration::from_secs(600),
+        }
+    }
+}
+
 impl std::fmt::Debug for SchedulerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SchedulerConfig")
@@ -1487,16 +1506,9 @@ mod tests {
         Scheduler::new(
             SchedulerConfig {
                 max_active_campaigns: 10,
-                quantum_min: Duration::from_millis(10),
-                quantum_max: Duration::from_millis(1000),
                 max_in_flight: 10_000,
                 max_attempts: 5,
-                retry_base: Duration::from_millis(100),
-                retry_max: Duration::from_secs(10),
-                give_up_after: Duration::ZERO,
-                global_rate: None,
-                limiters: Arc::new(LocalLimiters),
-                forget_after: Duration::from_secs(600),
+                ..SchedulerConfig::default()
             },
             AnySender::Null(NullSender),
             StatsRecorder::new(),

@@ -11,16 +11,9 @@ fn scheduler(sender: AnySender) -> (Scheduler, mpsc::UnboundedReceiver<Completio
     let s = Scheduler::new(
         SchedulerConfig {
             max_active_campaigns: 10,
-            quantum_min: Duration::from_millis(10),
-            quantum_max: Duration::from_millis(1000),
             max_in_flight: 64,
             max_attempts: 5,
-            retry_base: Duration::from_millis(100),
-            retry_max: Duration::from_secs(10),
-            give_up_after: Duration::ZERO,
-            global_rate: None,
-            limiters: Arc::new(LocalLimiters),
-            forget_after: Duration::from_secs(600),
+            ..SchedulerConfig::default()
         },
         sender,
         StatsRecorder::new(),

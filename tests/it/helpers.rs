@@ -31,7 +31,12 @@ pub fn unique_name(prefix: &str) -> String {
 
 /// Creates a uniquely named database, applies the migrations, and returns a pool and its URL.
 pub async fn fresh_database() -> (PgPool, String) {
-    let url = format!("{}/{}", pg_server(), unique_name("pushpace_test"));
+    fresh_database_on(&pg_server()).await
+}
+
+/// A migrated database of its own on `server` (a URL without the database part).
+pub async fn fresh_database_on(server: &str) -> (PgPool, String) {
+    let url = format!("{server}/{}", unique_name("pushpace_test"));
     pushpace::store::ensure_database(&url)
         .await
         .expect("create test database");
@@ -388,21 +393,7 @@ impl OwnPostgres {
 
     /// A migrated database on this server, and its URL.
     pub async fn fresh_database(&self) -> (PgPool, String) {
-        let url = format!(
-            "postgres://postgres@127.0.0.1:{}/{}",
-            self.port,
-            unique_name("pushpace_test")
-        );
-        pushpace::store::ensure_database(&url)
-            .await
-            .expect("create test database");
-        let pool = pushpace::store::connect(&url, 5, std::time::Duration::from_secs(10))
-            .await
-            .expect("connect to test database");
-        pushpace::store::migrate(&pool)
-            .await
-            .expect("migrate test database");
-        (pool, url)
+        fresh_database_on(&format!("postgres://postgres@127.0.0.1:{}", self.port)).await
     }
 }
 

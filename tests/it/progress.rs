@@ -9,10 +9,9 @@ use pushpace::sender::{AnySender, NullSender};
 use pushpace::stats::{Flusher, FlusherConfig, JobKey, JobProgressHandle, StatsRecorder};
 use pushpace::store::{self, offsets, progress, JobProgress};
 use pushpace::worker::scheduler::{
-    CampaignSettings, Event, IncomingJob, LocalLimiters, Scheduler, SchedulerConfig,
+    CampaignSettings, Event, IncomingJob, Scheduler, SchedulerConfig,
 };
 use sqlx::PgPool;
-use std::sync::Arc;
 use std::time::Duration;
 
 fn key(campaign: &str, job: &str, total: u32) -> JobKey {
@@ -273,16 +272,9 @@ async fn the_scheduler_sends_only_the_devices_not_finished_before() {
     let mut s = Scheduler::new(
         SchedulerConfig {
             max_active_campaigns: 10,
-            quantum_min: Duration::from_millis(10),
-            quantum_max: Duration::from_millis(1000),
             max_in_flight: 100,
             max_attempts: 5,
-            retry_base: Duration::from_millis(100),
-            retry_max: Duration::from_secs(10),
-            give_up_after: Duration::ZERO,
-            global_rate: None,
-            limiters: Arc::new(LocalLimiters),
-            forget_after: Duration::from_secs(600),
+            ..SchedulerConfig::default()
         },
         AnySender::Null(NullSender),
         recorder.clone(),
