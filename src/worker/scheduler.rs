@@ -1199,6 +1199,9 @@ impl Scheduler {
     /// Queues the records that waited for room, and finishes the devices whose letters
     /// are durable.
     fn settle_letters(&mut self) {
+        if self.letters.is_empty() {
+            return;
+        }
         let Some(outcomes) = self.outcomes.clone() else {
             return;
         };
