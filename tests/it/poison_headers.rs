@@ -93,7 +93,7 @@ async fn non_utf8_header_names_and_values_are_malformed_not_a_panic() {
     .await;
 
     let mut results: Vec<Result<String, Rejection>> = Vec::new();
-    // The broker may hand headers back in another order (tansu sorts them by name);
+    // The broker may hand headers back in another order (tansu does not keep theirs);
     // the reason names the index in the message as read.
     let mut bin_at = None;
     read_back(&brokers(), &topic, 3, |i, msg| {
