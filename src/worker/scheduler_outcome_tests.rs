@@ -164,3 +164,19 @@ async fn overlapping_revocations_are_each_answered_and_their_retries_dropped() {
 
 const SEC: Nanos = NANOS_PER_SEC;
 const MS: Nanos = 1_000_000;
+
+#[test]
+fn settings_of_campaigns_idle_past_forget_after_are_forgotten() {
+    let (mut s, _crx) = scheduler(AnySender::Null(NullSender));
+    let rate = Rate::per_second(10.0).unwrap();
+    s.apply_settings(CampaignSettings::active("idle", rate, Algorithm::Gcra), 0);
+    s.add_job(incoming("busy", 0, 1_000, true), 0);
+    assert_eq!(s.known.len(), 2);
+    let forget = s.config.forget_after.as_nanos() as Nanos;
+    s.run_round(forget - SEC, 0);
+    assert_eq!(s.known.len(), 2, "forgotten before forget_after");
+    // The next sweep (they run every SWEEP_EVERY).
+    s.run_round(forget - SEC + SWEEP_EVERY.as_nanos() as Nanos, 0);
+    // "busy" still holds a job (paused), so it stays however long it waits.
+    assert!(s.known.contains_key("busy") && !s.known.contains_key("idle"));
+}
