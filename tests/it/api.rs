@@ -35,6 +35,20 @@ pub struct Reply {
     pub text: String,
 }
 
+/// Status, headers and body (as JSON when it parses) of an answer.
+async fn reply(res: reqwest::Response) -> Reply {
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    let text = res.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Reply {
+        status,
+        headers,
+        body,
+        text,
+    }
+}
+
 impl TestApp {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.app.url())
@@ -56,17 +70,7 @@ impl TestApp {
         if let Some(a) = auth {
             req = req.header("authorization", a);
         }
-        let res = req.send().await.expect("request reaches the server");
-        let status = res.status().as_u16();
-        let headers = res.headers().clone();
-        let text = res.text().await.unwrap();
-        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Reply {
-            status,
-            headers,
-            body,
-            text,
-        }
+        reply(req.send().await.expect("request reaches the server")).await
     }
 
     pub async fn get(&self, path: &str) -> Reply {
@@ -89,16 +93,7 @@ impl TestApp {
             .send()
             .await
             .expect("request reaches the server");
-        let status = res.status().as_u16();
-        let headers = res.headers().clone();
-        let text = res.text().await.unwrap();
-        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Reply {
-            status,
-            headers,
-            body,
-            text,
-        }
+        reply(res).await
     }
 
     pub async fn put(&self, path: &str, body: &str) -> Reply {
