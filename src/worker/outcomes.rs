@@ -241,15 +241,8 @@ impl OutcomeWriter {
 
     async fn letters(&self, letters: &[(u64, Letter)]) {
         let rows: Vec<DeadLetter<'_>> = letters.iter().map(|(_, l)| self.row(l)).collect();
-        let outcome = retry("dead letters", &self.shared, || async {
-            dead_letters::insert_batch(&self.pool, &rows)
-                .await
-                .map(|_| ())
-                .map_err(Failure::from_store)
-        })
-        .await;
-        let Err(e) = outcome else {
-            count_letters(letters);
+        let Err(e) = self.write("dead letters", &rows).await else {
+            count_letters(letters.iter().map(|(_, l)| l));
             return;
         };
         // A batch refused for its data: each letter alone, then in its minimal form.
@@ -259,17 +252,21 @@ impl OutcomeWriter {
         }
     }
 
-    async fn letter_alone(&self, l: &Letter) {
-        let row = self.row(l);
-        let alone = retry("dead letter", &self.shared, || async {
-            dead_letters::insert(&self.pool, &row)
+    /// Writes letters in one statement, retrying while the failure can pass.
+    async fn write(&self, what: &str, rows: &[DeadLetter<'_>]) -> Result<(), Failure> {
+        retry(what, &self.shared, || async {
+            dead_letters::insert_batch(&self.pool, rows)
                 .await
                 .map(|_| ())
                 .map_err(Failure::from_store)
         })
-        .await;
-        let Err(e) = alone else {
-            count_letters(std::slice::from_ref(&(0, l.clone())));
+        .await
+    }
+
+    async fn letter_alone(&self, l: &Letter) {
+        let row = self.row(l);
+        let Err(e) = self.write("dead letter", &[row]).await else {
+            count_letters([l]);
             return;
         };
         let reason = format!("{} (stored in minimal form: {e})", l.reason);
@@ -280,13 +277,7 @@ impl OutcomeWriter {
             reason: &reason,
             ..row
         };
-        let last = retry("dead letter (minimal)", &self.shared, || async {
-            dead_letters::insert(&self.pool, &minimal)
-                .await
-                .map(|_| ())
-                .map_err(Failure::from_store)
-        })
-        .await;
+        let last = self.write("dead letter (minimal)", &[minimal]).await;
         if let Err(e) = last {
             metrics::counter!("dead_letter_write_failures_total").increment(1);
             tracing::error!(
@@ -298,7 +289,7 @@ impl OutcomeWriter {
                 "a dead letter could not be stored in any form"
             );
         } else {
-            count_letters(std::slice::from_ref(&(0, l.clone())));
+            count_letters([l]);
         }
     }
 
@@ -344,8 +335,8 @@ impl OutcomeWriter {
     }
 }
 
-fn count_letters(letters: &[(u64, Letter)]) {
-    for (_, l) in letters {
+fn count_letters<'a>(letters: impl IntoIterator<Item = &'a Letter>) {
+    for l in letters {
         metrics::counter!("dead_letters_total", "kind" => l.kind.as_str()).increment(1);
     }
 }
