@@ -11,7 +11,8 @@
 //! - [`hygiene`]: the Bloom filter in front of `invalid_tokens`: gone tokens are never re-sent.
 //! - [`capping`]: per-device frequency caps (count-min sketch, then an exact stage).
 //! - [`limiter`]: the `RateLimiter` trait, its algorithms, clocks and the `Rate` type.
-//! - [`sender`]: the `Sender` trait, the HTTP provider sender and the null sender.
+//! - [`sender`]: the `Sender` trait, the response classes, the webhook sender and the null sender.
+//! - [`provider`]: the named providers (APNs, FCM HTTP v1, Web Push, webhook) and their transport.
 //! - [`stats`]: lock-free per-second counters and the batched flusher.
 //! - [`store`]: PostgreSQL: migrations, campaigns, delivery stats, progress, dead letters.
 //!
@@ -22,6 +23,7 @@
 //! - [`produce`]: the load generator behind `pushpace produce`.
 //! - [`demo`]: `pushpace demo`, the whole pipeline with an embedded broker and sink.
 //! - [`sink`]: a loopback HTTP sink standing in for the push provider.
+//! - [`mock`]: loopback APNs, FCM and Web Push servers over TLS, as strict as the real ones.
 //! - [`worker`]: the daemon: consumer → scheduler → sender → stats, and its shutdown.
 //! - [`distributed`]: `limiter.scope = "redis"`: campaign rates shared by several workers
 //!   through Redis leases, with a local fallback.
@@ -44,7 +46,9 @@ pub mod hygiene;
 pub mod job;
 pub mod limiter;
 pub mod metrics;
+pub mod mock;
 pub mod produce;
+pub mod provider;
 pub mod sender;
 pub mod shutdown;
 pub mod simulate;

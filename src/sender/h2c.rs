@@ -93,7 +93,7 @@ impl H2cPool {
                 // Nothing reached the provider: one more try on a new connection.
                 Err(Failure::NotSent(_)) if tries < 2 => continue,
                 Err(Failure::NotSent(reason) | Failure::Sent(reason)) => {
-                    return SendOutcome::Retry {
+                    return SendOutcome::RetryProvider {
                         after: None,
                         reason: format!("connection error: {reason}"),
                     }

@@ -214,7 +214,7 @@ impl Sender for HttpSender {
         let key = match HeaderValue::try_from(format!("{}:{device_index}", job.job_id)) {
             Ok(v) => v,
             Err(_) => {
-                return SendFuture::ready(SendOutcome::Failed {
+                return SendFuture::ready(SendOutcome::Rejected {
                     status: None,
                     reason: "job_id cannot be sent in an Idempotency-Key header".into(),
                 })
@@ -287,7 +287,8 @@ async fn classify_response(mut response: reqwest::Response) -> SendOutcome {
     snippet.outcome(status.as_u16(), response.headers())
 }
 
-/// The outcome of a non-2xx answer: 429 and 5xx are retried, any other status fails.
+/// The outcome of a non-2xx answer: 429 and 5xx are retried, 410 is a dead token, any
+/// other status is rejected.
 fn classify_status(code: u16, retry_after: Option<Duration>, snippet: String) -> SendOutcome {
     let reason = if snippet.is_empty() {
         format!("HTTP {code}")
@@ -295,12 +296,15 @@ fn classify_status(code: u16, retry_after: Option<Duration>, snippet: String) ->
         format!("HTTP {code}: {snippet}")
     };
     if code == 429 || (500..600).contains(&code) {
-        SendOutcome::Retry {
+        SendOutcome::RetryProvider {
             after: retry_after,
             reason,
         }
+    } else if code == 410 {
+        // Gone: the webhook's way of saying the token is dead.
+        SendOutcome::DeadToken { reason }
     } else {
-        SendOutcome::Failed {
+        SendOutcome::Rejected {
             status: Some(code),
             reason,
         }
@@ -314,7 +318,7 @@ async fn bounded(
 ) -> SendOutcome {
     match tokio::time::timeout(timeout, exchange).await {
         Ok(outcome) => outcome,
-        Err(_) => SendOutcome::Retry {
+        Err(_) => SendOutcome::RetryProvider {
             after: None,
             reason: format!("timeout after {} ms", timeout.as_millis()),
         },
@@ -382,18 +386,18 @@ fn snippet_text(bytes: &[u8], longer: bool) -> String {
 
 fn classify_error(e: reqwest::Error, timeout: Duration) -> SendOutcome {
     if e.is_timeout() {
-        return SendOutcome::Retry {
+        return SendOutcome::RetryProvider {
             after: None,
             reason: format!("timeout after {} ms", timeout.as_millis()),
         };
     }
     if e.is_builder() {
-        return SendOutcome::Failed {
+        return SendOutcome::Rejected {
             status: None,
             reason: format!("request cannot be built: {}", error_chain(e)),
         };
     }
-    SendOutcome::Retry {
+    SendOutcome::RetryProvider {
         after: None,
         reason: format!("connection error: {}", error_chain(e)),
     }

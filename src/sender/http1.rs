@@ -121,7 +121,7 @@ impl Http1Pool {
                     fresh_only = true;
                 }
                 Err(Failure::NotSent(reason, _) | Failure::Sent(reason)) => {
-                    return SendOutcome::Retry {
+                    return SendOutcome::RetryProvider {
                         after: None,
                         reason: format!("connection error: {reason}"),
                     }

@@ -26,24 +26,70 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// What became of one send.
+/// What became of one send: the one vocabulary every provider's answer is mapped to
+/// (docs/PROVIDERS.md has each provider's table). The scheduler acts on the class, never
+/// on a provider's status code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendOutcome {
-    /// The provider accepted it (2xx).
+    /// The provider accepted it.
     Delivered,
-    /// Try again later: 429, 5xx, a timeout or a connection error. `after` is the
-    /// provider's Retry-After, when it gave one.
-    Retry {
+    /// The token will never work again (APNs 410 `Unregistered`, FCM `UNREGISTERED`, Web
+    /// Push 404/410, webhook 410): recorded in `invalid_tokens`, counted `invalid`, and
+    /// the device is finished without a dead letter.
+    DeadToken { reason: String },
+    /// Too many sends to this one device (APNs 429 `TooManyRequests`): that device alone
+    /// is retried after `after`; the campaign keeps sending.
+    RetryDevice {
         after: Option<Duration>,
         reason: String,
     },
-    /// Will never succeed (another 4xx, or a request that cannot be built): dead-letter it.
-    Failed { status: Option<u16>, reason: String },
+    /// The provider is failing or busy (5xx, quota, timeout, a connection error): try
+    /// again after `after` (the provider's `retry-after`, when it gave one). Every retry
+    /// takes a new permit.
+    RetryProvider {
+        after: Option<Duration>,
+        reason: String,
+    },
+    /// Permanent for this device only (a request that can never be accepted):
+    /// dead-lettered with the provider's reason.
+    Rejected { status: Option<u16>, reason: String },
+    /// A per-device answer that means a configuration error when most of a campaign's
+    /// first sends get it (APNs `BadDeviceToken`: a sandbox/production mismatch; FCM
+    /// `SENDER_ID_MISMATCH`). The scheduler holds such devices until it knows which;
+    /// `dead_token` says what the device is when it turns out to be only that device.
+    Mismatch { dead_token: bool, reason: String },
+    /// A configuration error: the campaign (or, with [`HaltScope::Provider`], every
+    /// campaign on this provider) stops sending until an operator resumes it. The device
+    /// is not finished and nothing is dead-lettered because of the halt.
+    Halt { scope: HaltScope, reason: String },
+}
+
+/// Who a [`SendOutcome::Halt`] stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HaltScope {
+    /// This campaign's jobs are wrong for the provider (payload, push type, priority…).
+    Campaign,
+    /// The provider's own configuration is wrong (key, topic, credentials): every
+    /// campaign that sends through it.
+    Provider,
 }
 
 impl SendOutcome {
     pub fn is_delivered(&self) -> bool {
         matches!(self, SendOutcome::Delivered)
+    }
+
+    /// A short class name for metrics and logs.
+    pub fn class(&self) -> &'static str {
+        match self {
+            SendOutcome::Delivered => "delivered",
+            SendOutcome::DeadToken { .. } => "dead_token",
+            SendOutcome::RetryDevice { .. } => "retry_device",
+            SendOutcome::RetryProvider { .. } => "retry_provider",
+            SendOutcome::Rejected { .. } => "rejected",
+            SendOutcome::Mismatch { .. } => "mismatch",
+            SendOutcome::Halt { .. } => "halt",
+        }
     }
 }
 
@@ -111,15 +157,29 @@ pub trait Sender: Send + Sync {
     /// Sends `job.devices[device_index]`. An index out of range yields `Failed`.
     fn send(&self, job: &Arc<Job>, device_index: usize) -> SendFuture;
 
-    /// `"http"` or `"null"`.
+    /// `"http"`, `"null"`, `"apns"`, `"fcm"` or `"webpush"`.
     fn name(&self) -> &'static str;
 }
 
-/// Static dispatch over the senders pushpace has, so the scheduler needs no `dyn`.
-#[derive(Debug, Clone)]
+/// Static dispatch over the senders pushpace has, so the null sender costs no `dyn`.
+#[derive(Clone)]
 pub enum AnySender {
     Null(NullSender),
     Http(HttpSender),
+    /// A push provider's adapter ([`crate::provider`]): APNs, FCM or Web Push. Its sends
+    /// are real network exchanges (a boxed future each), so one more indirection is lost
+    /// in them.
+    Provider(Arc<dyn Sender>),
+}
+
+impl std::fmt::Debug for AnySender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnySender::Null(s) => s.fmt(f),
+            AnySender::Http(s) => s.fmt(f),
+            AnySender::Provider(s) => write!(f, "Provider({})", s.name()),
+        }
+    }
 }
 
 impl Sender for AnySender {
@@ -128,6 +188,7 @@ impl Sender for AnySender {
         match self {
             AnySender::Null(s) => s.send(job, device_index),
             AnySender::Http(s) => s.send(job, device_index),
+            AnySender::Provider(s) => s.send(job, device_index),
         }
     }
 
@@ -135,6 +196,7 @@ impl Sender for AnySender {
         match self {
             AnySender::Null(s) => s.name(),
             AnySender::Http(s) => s.name(),
+            AnySender::Provider(s) => s.name(),
         }
     }
 }
@@ -153,7 +215,7 @@ impl From<HttpSender> for AnySender {
 
 /// The `Failed` outcome for a device index past the end of the job's list.
 fn no_such_device(job: &Job, device_index: usize) -> SendOutcome {
-    SendOutcome::Failed {
+    SendOutcome::Rejected {
         status: None,
         reason: format!(
             "device index {device_index} is out of range: job {} has {} devices",

@@ -1013,14 +1013,38 @@ impl Scheduler {
             .as_mut()
             .expect("campaign of job");
         c.in_flight -= 1;
+        // Interim mapping until the scheduler acts on every class (issue 20).
+        let outcome = match outcome {
+            SendOutcome::RetryDevice { after, reason } => {
+                SendOutcome::RetryProvider { after, reason }
+            }
+            SendOutcome::Halt { reason, .. } => SendOutcome::RetryProvider {
+                after: None,
+                reason,
+            },
+            SendOutcome::Mismatch { reason, .. } => SendOutcome::Rejected {
+                status: None,
+                reason,
+            },
+            o => o,
+        };
         let finished_device = match outcome {
+            SendOutcome::DeadToken { reason } => {
+                c.counter.record(unix_sec, Outcome::Failed, 1);
+                c.failed += 1;
+                if let Some(job) = self.jobs[slot as usize].as_ref() {
+                    let token = job.job.devices[device as usize].clone();
+                    self.queue_record(Record::InvalidToken { token, reason }, None);
+                }
+                true
+            }
             SendOutcome::Delivered => {
                 c.counter.record(unix_sec, Outcome::Sent, 1);
                 c.sent += 1;
                 self.counters.delivered += 1;
                 true
             }
-            SendOutcome::Retry { after, reason } => {
+            SendOutcome::RetryProvider { after, reason } => {
                 c.counter.record(unix_sec, Outcome::Retried, 1);
                 c.retried += 1;
                 self.retries_total.increment(1);
@@ -1064,22 +1088,20 @@ impl Scheduler {
                     false
                 }
             }
-            SendOutcome::Failed { status, reason } => {
+            SendOutcome::Rejected { status, reason } => {
                 c.counter.record(unix_sec, Outcome::Failed, 1);
                 c.failed += 1;
-                if status == Some(410) {
-                    if let Some(job) = self.jobs[slot as usize].as_ref() {
-                        let token = job.job.devices[device as usize].clone();
-                        let reason = format!("HTTP 410: {reason}");
-                        self.queue_record(Record::InvalidToken { token, reason }, None);
-                    }
-                }
                 let reason = match status {
                     Some(s) => format!("permanent failure (HTTP {s}): {reason}"),
                     None => format!("permanent failure: {reason}"),
                 };
                 self.dead_letter(slot, device, reason);
                 false
+            }
+            SendOutcome::RetryDevice { .. }
+            | SendOutcome::Halt { .. }
+            | SendOutcome::Mismatch { .. } => {
+                unreachable!("mapped above")
             }
         };
         if finished_device {

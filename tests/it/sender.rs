@@ -193,7 +193,7 @@ async fn too_many_requests_is_retried_after_the_given_seconds() {
             retry_after: Some(RetryAfter::Seconds(7)),
         });
         match sender.send(&job, 0).await {
-            SendOutcome::Retry { after, reason } => {
+            SendOutcome::RetryProvider { after, reason } => {
                 assert_eq!(after, Some(Duration::from_secs(7)));
                 assert!(reason.starts_with("HTTP 429"), "{reason}");
             }
@@ -202,7 +202,7 @@ async fn too_many_requests_is_retried_after_the_given_seconds() {
         sink.set_behaviour(Behaviour::TooManyRequests { retry_after: None });
         assert!(matches!(
             sender.send(&job, 0).await,
-            SendOutcome::Retry { after: None, .. }
+            SendOutcome::RetryProvider { after: None, .. }
         ));
         // The sink counts them as arrivals, not deliveries.
         let c = sink.campaign("c").unwrap();
@@ -219,7 +219,7 @@ async fn too_many_requests_with_an_http_date_is_honoured() {
             retry_after: Some(RetryAfter::DateIn(30)),
         });
         match sender.send(&job, 0).await {
-            SendOutcome::Retry {
+            SendOutcome::RetryProvider {
                 after: Some(after), ..
             } => {
                 // HTTP-dates have whole seconds.
@@ -240,7 +240,7 @@ async fn server_errors_are_retried() {
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::ServerError);
         match sender.send(&job, 0).await {
-            SendOutcome::Retry {
+            SendOutcome::RetryProvider {
                 after: None,
                 reason,
             } => {
@@ -253,15 +253,14 @@ async fn server_errors_are_retried() {
 }
 
 #[tokio::test]
-async fn gone_tokens_fail_for_good_with_status_and_reason() {
+async fn gone_tokens_are_dead_tokens_with_the_reason() {
     for transport in TRANSPORTS {
         let (sink, sender) = sink_and_sender(transport).await;
         sink.set_gone_prefix(Some("dead-"));
         let job = job("j", "c", &["live-1", "dead-1"], "{}");
         assert_eq!(sender.send(&job, 0).await, SendOutcome::Delivered);
         match sender.send(&job, 1).await {
-            SendOutcome::Failed { status, reason } => {
-                assert_eq!(status, Some(410));
+            SendOutcome::DeadToken { reason } => {
                 assert!(reason.starts_with("HTTP 410: "), "{reason}");
                 assert!(reason.contains("not registered"), "{reason}");
             }
@@ -285,7 +284,7 @@ async fn a_slow_provider_times_out_and_is_retried() {
         sink.set_behaviour(Behaviour::Slow { delay_ms: 3_000 });
         let started = Instant::now();
         match sender.send(&job, 0).await {
-            SendOutcome::Retry {
+            SendOutcome::RetryProvider {
                 after: None,
                 reason,
             } => {
@@ -310,7 +309,7 @@ async fn a_dropped_connection_is_retried() {
         let job = job("j", "c", &["t"], "{}");
         sink.set_behaviour(Behaviour::Reset);
         match sender.send(&job, 0).await {
-            SendOutcome::Retry {
+            SendOutcome::RetryProvider {
                 after: None,
                 reason,
             } => {
@@ -341,7 +340,7 @@ async fn a_refused_connection_is_retried() {
         let sender = HttpSender::new(&config).unwrap();
         let job = job("j", "c", &["t"], "{}");
         match sender.send(&job, 0).await {
-            SendOutcome::Retry {
+            SendOutcome::RetryProvider {
                 after: None,
                 reason,
             } => assert!(
@@ -362,11 +361,11 @@ async fn behaviour_for_a_number_of_requests_then_back_to_normal() {
         sink.set_behaviour_for(Behaviour::ServerError, 2);
         assert!(matches!(
             sender.send(&job, 0).await,
-            SendOutcome::Retry { .. }
+            SendOutcome::RetryProvider { .. }
         ));
         assert!(matches!(
             sender.send(&job, 1).await,
-            SendOutcome::Retry { .. }
+            SendOutcome::RetryProvider { .. }
         ));
         assert_eq!(sender.send(&job, 2).await, SendOutcome::Delivered);
         assert_eq!(sink.behaviour(), Behaviour::Normal);
@@ -515,7 +514,7 @@ async fn out_of_range_device_fails_without_a_request() {
         AnySender::from(NullSender),
     ] {
         match sender.send(&job, 5).await {
-            SendOutcome::Failed {
+            SendOutcome::Rejected {
                 status: None,
                 reason,
             } => assert!(reason.contains("out of range"), "{reason}"),
@@ -586,15 +585,12 @@ async fn the_sink_is_steered_and_read_over_http() {
     let sender = sender_with(&sink, |_| {});
     let job = job("j", "c", &["ok", "gone-1"], "{}");
     assert!(
-        matches!(sender.send(&job, 0).await, SendOutcome::Retry { after: Some(d), .. } if d == Duration::from_secs(2))
+        matches!(sender.send(&job, 0).await, SendOutcome::RetryProvider { after: Some(d), .. } if d == Duration::from_secs(2))
     );
     assert_eq!(sender.send(&job, 0).await, SendOutcome::Delivered);
     assert!(matches!(
         sender.send(&job, 1).await,
-        SendOutcome::Failed {
-            status: Some(410),
-            ..
-        }
+        SendOutcome::DeadToken { .. }
     ));
 
     let bad = client
@@ -661,6 +657,6 @@ async fn serve_until_runs_until_told_to_stop() {
     // After shutdown nothing listens.
     assert!(matches!(
         sender.send(&job, 0).await,
-        SendOutcome::Retry { .. }
+        SendOutcome::RetryProvider { .. }
     ));
 }

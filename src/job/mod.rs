@@ -10,6 +10,10 @@
 //! so the provider receives the producer's bytes), unknown fields are skipped without
 //! being materialised, and a field error stops the parse at once.
 
+mod options;
+
+pub use options::{Priority, PushOptions, PushType};
+
 use crate::limiter::{Algorithm, Rate, RateError};
 use crate::store::DeadLetterKind;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -50,6 +54,13 @@ pub struct Job {
     pub devices: Vec<String>,
     /// A JSON object of at most 4 KiB, exactly as the producer wrote it.
     pub payload: Box<RawValue>,
+    /// The provider the job names (`None`: `sender.default_provider`).
+    pub provider: Option<String>,
+    /// The provider's index in the worker's [`crate::provider::Providers`], set at intake
+    /// by [`crate::provider::Providers::resolve`]; 0 until then.
+    pub provider_slot: u16,
+    /// Optional headers for the provider.
+    pub options: PushOptions,
 }
 
 impl PartialEq for Job {
@@ -60,6 +71,8 @@ impl PartialEq for Job {
             && self.algorithm == other.algorithm
             && self.devices == other.devices
             && self.payload.get() == other.payload.get()
+            && self.provider == other.provider
+            && self.options == other.options
     }
 }
 
@@ -193,6 +206,9 @@ impl Job {
             algorithm: None,
             devices,
             payload,
+            provider: None,
+            provider_slot: 0,
+            options: PushOptions::default(),
         })
     }
 
@@ -242,6 +258,29 @@ impl Job {
         out.extend_from_slice(self.payload.get().as_bytes());
         out.push(b'}');
     }
+}
+
+/// The error for a job naming a provider the worker does not have.
+pub fn unknown_provider<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> JobError {
+    let known: Vec<&str> = known.collect();
+    JobError::field_problem(
+        "provider",
+        format!(
+            "{} is not a configured provider; this worker has: {}",
+            echo(name),
+            known.join(", ")
+        ),
+    )
+}
+
+/// Checks a job against the rules of the provider it goes to (docs/JOB_FORMAT.md).
+pub fn check_for_provider(
+    _job: &Job,
+    _kind: crate::provider::ProviderKind,
+) -> Result<(), JobError> {
+    // The per-provider rules (payload sizes, FCM data values, Web Push subscriptions,
+    // collapse ids) are being written for issue 20.
+    Ok(())
 }
 
 /// Appends `s` as a JSON string literal, escaped by serde_json.
@@ -648,6 +687,9 @@ impl<'de> Visitor<'de> for JobSeed<'_> {
             algorithm: algorithm.flatten(),
             devices,
             payload,
+            provider: None,
+            provider_slot: 0,
+            options: PushOptions::default(),
         })
     }
 }

@@ -1,0 +1,220 @@
+//! Push providers: the named set a worker sends through, and the adapters for APNs, FCM
+//! HTTP v1 and Web Push (the generic webhook is [`crate::sender::HttpSender`]).
+//!
+//! Each adapter is a [`Sender`] that builds the provider's request for one device, sends
+//! it over [`h2pool`] (TLS with ALPN h2, several long-lived HTTP/2 connections) and maps
+//! the answer to one [`SendOutcome`] class. Authentication (APNs JWT, FCM OAuth token,
+//! VAPID) is cached and refreshed off the send path. The scheduler acts on the class
+//! only; docs/PROVIDERS.md has each provider's table.
+//!
+//! A job names its provider (`"provider": "<name>"`) or gets `sender.default_provider`.
+//! [`Providers::resolve`] checks the name and the provider's own job rules at intake, so
+//! a job that no provider could take is dead-lettered before it is scheduled.
+
+pub mod apns;
+pub mod fcm;
+pub mod h2pool;
+pub mod settings;
+pub mod tls;
+pub mod webpush;
+
+use crate::job::{Job, JobError};
+use crate::limiter::Rate;
+use crate::sender::{AnySender, SendFuture, SendOutcome, Sender};
+use std::sync::Arc;
+
+/// What a provider is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProviderKind {
+    Apns,
+    Fcm,
+    WebPush,
+    /// The generic JSON POST ([`crate::sender::HttpSender`]).
+    Webhook,
+    /// Sends nothing (benchmarks).
+    Null,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Apns => "apns",
+            ProviderKind::Fcm => "fcm",
+            ProviderKind::WebPush => "webpush",
+            ProviderKind::Webhook => "webhook",
+            ProviderKind::Null => "null",
+        }
+    }
+}
+
+/// Errors setting up a provider: configuration, key material, TLS.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("provider {provider}: {problem}")]
+    Config { provider: String, problem: String },
+    #[error("provider {provider}: cannot read {what}: {problem}")]
+    Key {
+        provider: String,
+        what: &'static str,
+        problem: String,
+    },
+    #[error("provider {provider}: TLS: {problem}")]
+    Tls { provider: String, problem: String },
+    #[error(transparent)]
+    Sender(#[from] crate::sender::SenderError),
+}
+
+/// One named provider of a worker.
+#[derive(Clone)]
+pub struct Provider {
+    pub name: Arc<str>,
+    pub kind: ProviderKind,
+    /// A cap on the sends of all campaigns using this provider.
+    pub max_rate: Option<Rate>,
+    pub sender: AnySender,
+}
+
+impl std::fmt::Debug for Provider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Provider")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("max_rate", &self.max_rate)
+            .finish()
+    }
+}
+
+/// The providers of one worker, by slot (a job's `provider_slot`).
+#[derive(Debug, Clone)]
+pub struct Providers {
+    list: Vec<Provider>,
+    default: u16,
+}
+
+impl Providers {
+    /// One provider, the default, named `name`.
+    pub fn single(name: &str, kind: ProviderKind, sender: AnySender) -> Self {
+        Self {
+            list: vec![Provider {
+                name: Arc::from(name),
+                kind,
+                max_rate: None,
+                sender,
+            }],
+            default: 0,
+        }
+    }
+
+    /// Several providers; `default` names the one for jobs that name none.
+    pub fn new(list: Vec<Provider>, default: &str) -> Result<Self, ProviderError> {
+        let config = |problem: String| ProviderError::Config {
+            provider: default.to_string(),
+            problem,
+        };
+        if list.len() > usize::from(u16::MAX) {
+            return Err(config(format!("{} providers; at most 65535", list.len())));
+        }
+        let Some(slot) = list.iter().position(|p| &*p.name == default) else {
+            return Err(config(
+                "sender.default_provider names no configured provider".into(),
+            ));
+        };
+        Ok(Self {
+            list,
+            default: slot as u16,
+        })
+    }
+
+    /// Sets `job.provider_slot` from the name the job gives (or the default) and checks
+    /// the provider's own rules for the job (payload size, FCM data values, Web Push
+    /// subscriptions…).
+    pub fn resolve(&self, job: &mut Job) -> Result<(), JobError> {
+        let slot = match job.provider.as_deref() {
+            None => self.default,
+            Some(name) => match self.list.iter().position(|p| &*p.name == name) {
+                Some(slot) => slot as u16,
+                None => return Err(crate::job::unknown_provider(name, self.names())),
+            },
+        };
+        crate::job::check_for_provider(job, self.list[usize::from(slot)].kind)?;
+        job.provider_slot = slot;
+        Ok(())
+    }
+
+    /// The provider at `slot` (the default one for a slot out of range).
+    #[inline]
+    pub fn get(&self, slot: u16) -> &Provider {
+        self.list
+            .get(usize::from(slot))
+            .unwrap_or(&self.list[usize::from(self.default)])
+    }
+
+    /// Sends `job.devices[device_index]` through the job's provider.
+    #[inline]
+    pub fn send(&self, job: &Arc<Job>, device_index: usize) -> SendFuture {
+        self.get(job.provider_slot).sender.send(job, device_index)
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Provider> {
+        self.list.iter()
+    }
+
+    pub fn default_slot(&self) -> u16 {
+        self.default
+    }
+
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.list.iter().map(|p| &*p.name)
+    }
+}
+
+/// Counts each provider answer as `pushpace_provider_answers_total{provider, class,
+/// reason}`. The delivered counter is registered once, so a delivered send costs one
+/// atomic add; the others are rare and looked up by label.
+#[derive(Clone)]
+pub struct AnswerMetrics {
+    provider: Arc<str>,
+    delivered: metrics::Counter,
+}
+
+impl AnswerMetrics {
+    pub fn new(provider: &Arc<str>) -> Self {
+        let delivered = metrics::counter!(
+            "pushpace_provider_answers_total",
+            "provider" => provider.to_string(),
+            "class" => "delivered",
+            "reason" => "ok"
+        );
+        Self {
+            provider: Arc::clone(provider),
+            delivered,
+        }
+    }
+
+    /// Counts `outcome`; `reason` is the provider's reason code from a known list
+    /// (`"other"` for one it did not know), so that the label set stays bounded.
+    pub fn record(&self, outcome: &SendOutcome, reason: &'static str) {
+        if outcome.is_delivered() {
+            self.delivered.increment(1);
+            return;
+        }
+        metrics::counter!(
+            "pushpace_provider_answers_total",
+            "provider" => self.provider.to_string(),
+            "class" => outcome.class(),
+            "reason" => reason
+        )
+        .increment(1);
+    }
+}
+
+/// The dyn form adapters take in [`AnySender::Provider`].
+pub type DynSender = Arc<dyn Sender>;
