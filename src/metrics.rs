@@ -234,10 +234,12 @@ mod tests {
             rate: 10.0,
             algorithm: Algorithm::Gcra,
             paused: false,
+            halted: None,
             active: true,
             sent,
             failed,
             retried: 0,
+            invalid: 0,
             in_flight: 0,
             open_jobs: 1,
         }

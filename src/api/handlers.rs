@@ -287,6 +287,8 @@ async fn load_view(state: &AppState, id: &str) -> Result<CampaignView, ApiError>
         sent: totals.sent,
         failed: totals.failed,
         retried: totals.retried,
+        invalid: totals.invalid,
+        rejected: totals.rejected,
         rate_10s,
     };
     Ok(view(summary, &live_campaigns(state)))

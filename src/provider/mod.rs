@@ -216,5 +216,22 @@ impl AnswerMetrics {
     }
 }
 
+impl From<AnySender> for Providers {
+    /// One default provider named "webhook" (or "null" for the null sender).
+    fn from(sender: AnySender) -> Self {
+        let kind = match &sender {
+            AnySender::Null(_) => ProviderKind::Null,
+            _ => ProviderKind::Webhook,
+        };
+        Providers::single(kind.as_str(), kind, sender)
+    }
+}
+
+impl From<AnySender> for Arc<Providers> {
+    fn from(sender: AnySender) -> Self {
+        Arc::new(Providers::from(sender))
+    }
+}
+
 /// The dyn form adapters take in [`AnySender::Provider`].
 pub type DynSender = Arc<dyn Sender>;

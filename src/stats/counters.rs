@@ -43,10 +43,14 @@ pub enum Outcome {
     SkippedInvalid = 3,
     /// Not sent: the device is over its frequency cap (a policy outcome).
     Capped = 4,
+    /// The provider said the token is dead (it goes to `invalid_tokens`).
+    Invalid = 5,
+    /// The provider refused it for good, for this device only (dead-lettered).
+    Rejected = 6,
 }
 
 /// How many [`Outcome`]s there are (one counter word each).
-pub const OUTCOMES: usize = 5;
+pub const OUTCOMES: usize = 7;
 
 /// Seconds since the Unix epoch (0 for a time before it).
 #[inline]
@@ -301,8 +305,8 @@ mod tests {
         a.record(1_700_000_001, Outcome::Retried, 7);
         a.record(1_700_000_000, Outcome::Sent, 0);
         let got = drained(&recorder);
-        assert_eq!(got[&("a".into(), 1_700_000_000)], [3, 1, 0, 0, 0]);
-        assert_eq!(got[&("a".into(), 1_700_000_001)], [2, 0, 7, 0, 0]);
+        assert_eq!(got[&("a".into(), 1_700_000_000)], [3, 1, 0, 0, 0, 0, 0]);
+        assert_eq!(got[&("a".into(), 1_700_000_001)], [2, 0, 7, 0, 0, 0, 0]);
         assert_eq!(got.len(), 2);
         assert!(
             drained(&recorder).is_empty(),
@@ -321,9 +325,15 @@ mod tests {
         // A writer whose clock is behind finds a newer lap there.
         a.record(1000 - RING_SECONDS, Outcome::Sent, 2);
         let got = drained(&recorder);
-        assert_eq!(got[&("a".into(), 1000)], [5, 0, 0, 0, 0]);
-        assert_eq!(got[&("a".into(), 1000 + RING_SECONDS)], [8, 0, 0, 0, 0]);
-        assert_eq!(got[&("a".into(), 1000 - RING_SECONDS)], [2, 0, 0, 0, 0]);
+        assert_eq!(got[&("a".into(), 1000)], [5, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            got[&("a".into(), 1000 + RING_SECONDS)],
+            [8, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            got[&("a".into(), 1000 - RING_SECONDS)],
+            [2, 0, 0, 0, 0, 0, 0]
+        );
     }
 
     #[test]
@@ -338,7 +348,7 @@ mod tests {
         assert_eq!(got[&("a".into(), 5)][0], 100 * u64::from(u32::MAX));
         assert_eq!(
             got[&("a".into(), u64::from(u32::MAX) + 10)],
-            [0, 4, 0, 0, 0]
+            [0, 4, 0, 0, 0, 0, 0]
         );
     }
 

@@ -470,6 +470,8 @@ impl Flusher {
             .bind(&totals)
             .bind(&done)
             .bind(&after)
+            .bind(column(5))
+            .bind(column(6))
             .execute(&self.inner.pool)
             .await?;
         Ok(())
@@ -500,17 +502,22 @@ WITH marker AS (
 ), cleanup AS (
     DELETE FROM stats_flushes WHERE flusher_id = $1 AND seq < $2
 ), seconds AS (
-    INSERT INTO delivery_seconds AS d (campaign_id, second, sent, failed, retried, skipped_invalid, capped)
-    SELECT u.campaign_id, u.second, u.sent, u.failed, u.retried, u.skipped_invalid, u.capped
-    FROM UNNEST($3::text[], $4::timestamptz[], $5::int8[], $6::int8[], $7::int8[], $8::int8[], $9::int8[])
-        AS u(campaign_id, second, sent, failed, retried, skipped_invalid, capped)
+    INSERT INTO delivery_seconds AS d
+        (campaign_id, second, sent, failed, retried, skipped_invalid, capped, invalid, rejected)
+    SELECT u.campaign_id, u.second, u.sent, u.failed, u.retried, u.skipped_invalid, u.capped,
+           u.invalid, u.rejected
+    FROM UNNEST($3::text[], $4::timestamptz[], $5::int8[], $6::int8[], $7::int8[], $8::int8[],
+                $9::int8[], $17::int8[], $18::int8[])
+        AS u(campaign_id, second, sent, failed, retried, skipped_invalid, capped, invalid, rejected)
     WHERE EXISTS (SELECT 1 FROM marker)
     ON CONFLICT (campaign_id, second) DO UPDATE SET
         sent = d.sent + EXCLUDED.sent,
         failed = d.failed + EXCLUDED.failed,
         retried = d.retried + EXCLUDED.retried,
         skipped_invalid = d.skipped_invalid + EXCLUDED.skipped_invalid,
-        capped = d.capped + EXCLUDED.capped
+        capped = d.capped + EXCLUDED.capped,
+        invalid = d.invalid + EXCLUDED.invalid,
+        rejected = d.rejected + EXCLUDED.rejected
 ), progress AS (
     INSERT INTO job_progress AS p
         (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, done_after,

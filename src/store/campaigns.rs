@@ -27,6 +27,9 @@ pub enum CampaignStatus {
     Paused,
     /// Finished; kept for its history.
     Done,
+    /// Stopped by a configuration error its provider reported (`halt_reason`); its jobs
+    /// wait, as when paused, until an operator resumes it.
+    Halted,
 }
 
 impl CampaignStatus {
@@ -35,6 +38,7 @@ impl CampaignStatus {
             CampaignStatus::Active => "active",
             CampaignStatus::Paused => "paused",
             CampaignStatus::Done => "done",
+            CampaignStatus::Halted => "halted",
         }
     }
 }
@@ -53,9 +57,10 @@ impl std::str::FromStr for CampaignStatus {
             "active" => Ok(CampaignStatus::Active),
             "paused" => Ok(CampaignStatus::Paused),
             "done" => Ok(CampaignStatus::Done),
+            "halted" => Ok(CampaignStatus::Halted),
             other => Err(StoreError::invalid(
                 "status",
-                format!("unknown status {other:?}; expected one of active, paused, done"),
+                format!("unknown status {other:?}; expected one of active, paused, done, halted"),
             )),
         }
     }
@@ -73,6 +78,11 @@ pub struct Campaign {
     /// Where its rate is enforced; `None`: the worker's configured `limiter.scope`.
     #[serde(default)]
     pub limiter_scope: Option<LimiterScope>,
+    /// Why it is halted (the provider's answer), while `status` is `halted`.
+    #[serde(default)]
+    pub halt_reason: Option<String>,
+    #[serde(default)]
+    pub halted_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -134,6 +144,10 @@ pub struct CampaignSummary {
     pub sent: i64,
     pub failed: i64,
     pub retried: i64,
+    /// Tokens the provider said are dead.
+    pub invalid: i64,
+    /// Devices the provider refused for good.
+    pub rejected: i64,
     /// Mean sends per second over the 10 complete seconds before `now`.
     pub rate_10s: f64,
 }
@@ -170,8 +184,8 @@ pub fn validate_burst(burst: i64) -> Result<i32, StoreError> {
     Ok(burst as i32)
 }
 
-const COLUMNS: &str =
-    "id, send_rate, algorithm, burst, status, limiter_scope, created_at, updated_at";
+const COLUMNS: &str = "id, send_rate, algorithm, burst, status, limiter_scope, halt_reason, \
+                       halted_at, created_at, updated_at";
 
 #[derive(sqlx::FromRow)]
 struct CampaignRow {
@@ -181,6 +195,8 @@ struct CampaignRow {
     burst: i32,
     status: String,
     limiter_scope: Option<String>,
+    halt_reason: Option<String>,
+    halted_at: Option<DateTime<Utc>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -216,6 +232,8 @@ impl TryFrom<CampaignRow> for Campaign {
             burst,
             status,
             limiter_scope,
+            halt_reason: row.halt_reason,
+            halted_at: row.halted_at,
             created_at: row.created_at,
             updated_at: row.updated_at,
         })
@@ -309,8 +327,12 @@ pub async fn set_status(
     id: &str,
     status: CampaignStatus,
 ) -> Result<Campaign, StoreError> {
+    // Any status set by an operator ends a halt: its reason goes with it.
     let row: Option<CampaignRow> = sqlx::query_as(&format!(
-        "UPDATE campaigns SET status = $2 WHERE id = $1 RETURNING {COLUMNS}"
+        "UPDATE campaigns SET status = $2, \
+             halt_reason = CASE WHEN $2 = 'halted' THEN halt_reason END, \
+             halted_at = CASE WHEN $2 = 'halted' THEN halted_at END \
+         WHERE id = $1 RETURNING {COLUMNS}"
     ))
     .bind(id)
     .bind(status.as_str())
@@ -318,6 +340,22 @@ pub async fn set_status(
     .await?;
     row.ok_or_else(|| StoreError::CampaignNotFound(id.to_string()))?
         .try_into()
+}
+
+/// Halts an active campaign because its provider reported a configuration error. A
+/// paused or finished campaign keeps its status (the operator's word wins); `false` when
+/// nothing changed. The reason is cut to 1,000 characters.
+pub async fn halt(pool: &PgPool, id: &str, reason: &str) -> Result<bool, StoreError> {
+    let reason: String = reason.chars().take(1000).collect();
+    let done = sqlx::query(
+        "UPDATE campaigns SET status = 'halted', halt_reason = $2, halted_at = now() \
+         WHERE id = $1 AND status = 'active'",
+    )
+    .bind(id)
+    .bind(reason)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() > 0)
 }
 
 /// One campaign, if it exists.
@@ -372,6 +410,8 @@ struct SummaryRow {
     sent: i64,
     failed: i64,
     retried: i64,
+    invalid: i64,
+    rejected: i64,
     rate_10s: f64,
 }
 
@@ -382,14 +422,17 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSumma
     let start = end - Duration::seconds(10);
     let rows: Vec<SummaryRow> = sqlx::query_as(
         "SELECT c.id, c.send_rate, c.algorithm, c.burst, c.status, c.limiter_scope, \
-                c.created_at, c.updated_at, \
+                c.halt_reason, c.halted_at, c.created_at, c.updated_at, \
                 COALESCE(t.sent, 0)::int8 AS sent, \
                 COALESCE(t.failed, 0)::int8 AS failed, \
                 COALESCE(t.retried, 0)::int8 AS retried, \
+                COALESCE(t.invalid, 0)::int8 AS invalid, \
+                COALESCE(t.rejected, 0)::int8 AS rejected, \
                 COALESCE(r.sent, 0)::float8 / 10.0 AS rate_10s \
          FROM campaigns c \
          LEFT JOIN LATERAL ( \
-             SELECT sum(t.sent) AS sent, sum(t.failed) AS failed, sum(t.retried) AS retried \
+             SELECT sum(t.sent) AS sent, sum(t.failed) AS failed, sum(t.retried) AS retried, \
+                    sum(t.invalid) AS invalid, sum(t.rejected) AS rejected \
              FROM campaign_totals t WHERE t.campaign_id = c.id) t ON true \
          LEFT JOIN LATERAL ( \
              SELECT sum(d.sent) AS sent FROM delivery_seconds d \
@@ -407,6 +450,8 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSumma
                 sent: row.sent,
                 failed: row.failed,
                 retried: row.retried,
+                invalid: row.invalid,
+                rejected: row.rejected,
                 rate_10s: row.rate_10s,
             })
         })

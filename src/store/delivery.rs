@@ -24,6 +24,10 @@ pub struct Point {
     pub skipped_invalid: i64,
     /// Not sent: over the device's frequency cap.
     pub capped: i64,
+    /// The provider said the token is dead.
+    pub invalid: i64,
+    /// The provider refused it for good, for that device only.
+    pub rejected: i64,
 }
 
 /// A campaign's counts over all time, including seconds that retention has deleted.
@@ -36,6 +40,10 @@ pub struct Totals {
     pub skipped_invalid: i64,
     /// Not sent: over the device's frequency cap.
     pub capped: i64,
+    /// The provider said the token is dead.
+    pub invalid: i64,
+    /// The provider refused it for good, for that device only.
+    pub rejected: i64,
 }
 
 /// One point per second in `[from, to)` (both truncated to the second), seconds without
@@ -70,7 +78,8 @@ pub async fn series(
     let points = sqlx::query_as(
         "SELECT g.t, COALESCE(d.sent, 0) AS sent, COALESCE(d.failed, 0) AS failed, \
                 COALESCE(d.retried, 0) AS retried, \
-                COALESCE(d.skipped_invalid, 0) AS skipped_invalid, COALESCE(d.capped, 0) AS capped \
+                COALESCE(d.skipped_invalid, 0) AS skipped_invalid, COALESCE(d.capped, 0) AS capped, \
+                COALESCE(d.invalid, 0) AS invalid, COALESCE(d.rejected, 0) AS rejected \
          FROM generate_series($2::timestamptz, $3::timestamptz - interval '1 second', \
                               interval '1 second') AS g(t) \
          LEFT JOIN delivery_seconds d ON d.campaign_id = $1 AND d.second = g.t \
@@ -91,7 +100,9 @@ pub async fn totals(pool: &PgPool, campaign_id: &str) -> Result<Totals, StoreErr
         "SELECT COALESCE(sum(sent), 0)::int8 AS sent, COALESCE(sum(failed), 0)::int8 AS failed, \
                 COALESCE(sum(retried), 0)::int8 AS retried, \
                 COALESCE(sum(skipped_invalid), 0)::int8 AS skipped_invalid, \
-                COALESCE(sum(capped), 0)::int8 AS capped \
+                COALESCE(sum(capped), 0)::int8 AS capped, \
+                COALESCE(sum(invalid), 0)::int8 AS invalid, \
+                COALESCE(sum(rejected), 0)::int8 AS rejected \
          FROM campaign_totals WHERE campaign_id = $1",
     )
     .bind(campaign_id)

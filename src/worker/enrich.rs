@@ -165,6 +165,7 @@ pub fn provisional(job: &Job, defaults: &CampaignDefaults) -> CampaignSettings {
         algorithm: job.algorithm.unwrap_or(defaults.algorithm),
         burst: defaults.burst,
         paused: false,
+        halted: false,
         limiter_scope: None,
     }
 }

@@ -91,6 +91,7 @@ pub fn to_settings(c: &Campaign, fallback: &CampaignDefaults) -> CampaignSetting
         algorithm: c.algorithm,
         burst: c.burst,
         paused: c.status == CampaignStatus::Paused,
+        halted: c.status == CampaignStatus::Halted,
         limiter_scope: c.limiter_scope,
     }
 }

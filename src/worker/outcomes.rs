@@ -54,6 +54,11 @@ pub enum Record {
     },
     /// Offsets committed to Kafka (progress behind them may be pruned).
     Committed(Vec<(i32, i64)>),
+    /// A campaign halted by its provider's answer: its status becomes `halted`.
+    Halt {
+        campaign_id: Arc<str>,
+        reason: String,
+    },
 }
 
 /// Settings of the stage.
@@ -202,6 +207,13 @@ impl OutcomeWriter {
                         self.committed(&marks).await;
                         self.written(seq);
                     }
+                    Record::Halt {
+                        campaign_id,
+                        reason,
+                    } => {
+                        self.halt(&campaign_id, &reason).await;
+                        self.written(seq);
+                    }
                 }
             }
             if !letters.is_empty() {
@@ -319,6 +331,20 @@ impl OutcomeWriter {
         .await;
         if let Err(e) = r {
             tracing::error!(error = %e, "an invalid token could not be recorded");
+        }
+    }
+
+    async fn halt(&self, campaign_id: &str, reason: &str) {
+        let r = retry("campaign halt", &self.shared, || async {
+            crate::store::campaigns::halt(&self.pool, campaign_id, reason)
+                .await
+                .map(|_| ())
+                .map_err(Failure::from_store)
+        })
+        .await;
+        if let Err(e) = r {
+            // The worker keeps it halted either way; only the API will not say so.
+            tracing::error!(error = %e, campaign = campaign_id, "a campaign's halt could not be recorded");
         }
     }
 

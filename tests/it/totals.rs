@@ -13,12 +13,14 @@ use tokio::sync::watch;
 /// An arbitrary second (2027) to record at, so tests do not depend on the wall clock.
 const BASE: u64 = 1_800_000_000;
 
-const OUTCOMES: [Outcome; 5] = [
+const OUTCOMES: [Outcome; 7] = [
     Outcome::Sent,
     Outcome::Failed,
     Outcome::Retried,
     Outcome::SkippedInvalid,
     Outcome::Capped,
+    Outcome::Invalid,
+    Outcome::Rejected,
 ];
 
 fn fast_config() -> FlusherConfig {
@@ -39,30 +41,38 @@ fn add(totals: &mut Totals, outcome: Outcome, n: u32) {
         Outcome::Retried => totals.retried += n,
         Outcome::SkippedInvalid => totals.skipped_invalid += n,
         Outcome::Capped => totals.capped += n,
+        Outcome::Invalid => totals.invalid += n,
+        Outcome::Rejected => totals.rejected += n,
     }
 }
 
 /// Every campaign's sums over `delivery_seconds`, computed the slow way.
 async fn summed(pool: &PgPool) -> BTreeMap<String, Totals> {
-    let rows: Vec<(String, i64, i64, i64, i64, i64)> = sqlx::query_as(
+    type Row = (String, i64, i64, i64, i64, i64, i64, i64);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT campaign_id, sum(sent)::int8, sum(failed)::int8, sum(retried)::int8, \
-                sum(skipped_invalid)::int8, sum(capped)::int8 \
+                sum(skipped_invalid)::int8, sum(capped)::int8, sum(invalid)::int8, \
+                sum(rejected)::int8 \
          FROM delivery_seconds GROUP BY campaign_id",
     )
     .fetch_all(pool)
     .await
     .unwrap();
     rows.into_iter()
-        .map(|(id, sent, failed, retried, skipped_invalid, capped)| {
-            let totals = Totals {
-                sent,
-                failed,
-                retried,
-                skipped_invalid,
-                capped,
-            };
-            (id, totals)
-        })
+        .map(
+            |(id, sent, failed, retried, skipped_invalid, capped, invalid, rejected)| {
+                let totals = Totals {
+                    sent,
+                    failed,
+                    retried,
+                    skipped_invalid,
+                    capped,
+                    invalid,
+                    rejected,
+                };
+                (id, totals)
+            },
+        )
         .collect()
 }
 
@@ -207,6 +217,8 @@ async fn concurrent_flushers_on_shared_campaigns_stay_exact() {
             e.retried += t.retried;
             e.skipped_invalid += t.skipped_invalid;
             e.capped += t.capped;
+            e.invalid += t.invalid;
+            e.rejected += t.rejected;
         }
         flushers.push((flusher, task));
     }

@@ -143,6 +143,8 @@ mod tests {
             burst: 0,
             status: CampaignStatus::Active,
             limiter_scope: None,
+            halt_reason: None,
+            halted_at: None,
             created_at: at,
             updated_at: at,
         }

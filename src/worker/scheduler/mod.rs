@@ -28,7 +28,12 @@ use crate::limiter::hierarchical::HierarchicalLimiter;
 use crate::limiter::{
     self, Algorithm, Clock, DynLimiter, Grant, Nanos, Rate, RateLimiter, NANOS_PER_SEC,
 };
-use crate::sender::{retry_delay, AnySender, SendFuture, SendOutcome, Sender};
+mod answers;
+
+pub use answers::{MISMATCH_MIN, MISMATCH_WINDOW, PROBE_IN_FLIGHT};
+
+use crate::provider::Providers;
+use crate::sender::{SendFuture, SendOutcome};
 use crate::stats::{CampaignCounter, JobKey, JobProgressHandle, Outcome, StatsRecorder};
 use crate::store::DeadLetterKind;
 use crate::worker::outcomes::{Letter, Outcomes, Record};
@@ -132,6 +137,9 @@ pub struct CampaignSettings {
     pub algorithm: Algorithm,
     pub burst: u32,
     pub paused: bool,
+    /// Halted by a provider's configuration error (status `halted`): nothing is sent
+    /// until an operator resumes it.
+    pub halted: bool,
     /// The campaign's own limiter scope; `None`: the configured default.
     pub limiter_scope: Option<LimiterScope>,
 }
@@ -168,6 +176,7 @@ impl CampaignSettings {
             algorithm,
             burst: 0,
             paused: false,
+            halted: false,
             limiter_scope: None,
         }
     }
@@ -320,6 +329,13 @@ struct Campaign {
     sent: u64,
     failed: u64,
     retried: u64,
+    invalid: u64,
+    /// Stopped by a provider's configuration error until an operator resumes it.
+    halt: Option<answers::HaltState>,
+    /// An answer has shown that the provider takes this campaign's sends; until then at
+    /// most [`PROBE_IN_FLIGHT`] are in flight.
+    confirmed: bool,
+    mismatch: answers::MismatchWindow,
 }
 
 impl Campaign {
@@ -355,10 +371,14 @@ pub struct CampaignLive {
     pub rate: f64,
     pub algorithm: Algorithm,
     pub paused: bool,
+    /// Why it is halted, when it is (by an answer here, or in the store).
+    pub halted: Option<Arc<str>>,
     pub active: bool,
     pub sent: u64,
     pub failed: u64,
     pub retried: u64,
+    /// Tokens the provider said are dead.
+    pub invalid: u64,
     pub in_flight: u32,
     pub open_jobs: u32,
 }
@@ -366,7 +386,10 @@ pub struct CampaignLive {
 /// The synchronous scheduler core.
 pub struct Scheduler {
     config: SchedulerConfig,
-    sender: AnySender,
+    providers: Arc<Providers>,
+    /// Providers whose configuration was refused, by slot: their campaigns halt.
+    provider_halts: Vec<Option<Arc<str>>>,
+    halts_total: metrics::Counter,
     stats: StatsRecorder,
     global: Option<HierarchicalLimiter>,
     campaigns: Vec<Option<Campaign>>,
@@ -407,7 +430,7 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(
         config: SchedulerConfig,
-        sender: AnySender,
+        providers: impl Into<Arc<Providers>>,
         stats: StatsRecorder,
         completions: mpsc::UnboundedSender<Completion>,
         events: std::sync::mpsc::Sender<Event>,
@@ -420,7 +443,9 @@ impl Scheduler {
         });
         Self {
             config,
-            sender,
+            providers: providers.into(),
+            provider_halts: Vec::new(),
+            halts_total: metrics::counter!("campaign_halts_total"),
             stats,
             global,
             campaigns: Vec::new(),
@@ -477,10 +502,16 @@ impl Scheduler {
                 rate: c.settings.rate.as_f64(),
                 algorithm: c.settings.algorithm,
                 paused: c.settings.paused,
+                halted: c.halt.as_ref().map(|h| h.reason.clone()).or_else(|| {
+                    c.settings
+                        .halted
+                        .then(|| Arc::from("halted (see the campaign's halt_reason)"))
+                }),
                 active: c.active,
                 sent: c.sent,
                 failed: c.failed,
                 retried: c.retried,
+                invalid: c.invalid,
                 in_flight: c.in_flight,
                 open_jobs: c.open_jobs,
             })
@@ -546,8 +577,10 @@ impl Scheduler {
             c.limiter = l;
         }
         c.next_at = None;
-        tracing::info!(campaign = %s.id, rate = %s.rate, algorithm = %s.algorithm, paused = s.paused, "campaign settings applied");
+        tracing::info!(campaign = %s.id, rate = %s.rate, algorithm = %s.algorithm, paused = s.paused, halted = s.halted, "campaign settings applied");
+        let (halted, paused) = (s.halted, s.paused);
         c.settings = s;
+        self.apply_halt_settings(slot, halted, paused);
         // The new rate (or pause) changes everyone's fair share under a global cap.
         self.rebalance(now);
     }
@@ -562,7 +595,8 @@ impl Scheduler {
             .iter()
             .filter_map(|&slot| {
                 let c = self.campaigns[slot as usize].as_ref()?;
-                (!c.settings.paused).then(|| (c.settings.rate.as_f64(), slot))
+                let sending = !c.settings.paused && !c.settings.halted && c.halt.is_none();
+                sending.then(|| (c.settings.rate.as_f64(), slot))
             })
             .collect();
         let mut shares: HashMap<u32, f64> = HashMap::new();
@@ -733,6 +767,10 @@ impl Scheduler {
             sent: 0,
             failed: 0,
             retried: 0,
+            invalid: 0,
+            halt: None,
+            confirmed: false,
+            mismatch: answers::MismatchWindow::default(),
         };
         let slot = match self.campaigns.iter().position(|c| c.is_none()) {
             Some(i) => {
@@ -844,7 +882,7 @@ impl Scheduler {
     fn turn(&mut self, slot: u32, share: u32, now: Nanos, unix_sec: u64) -> Option<Nanos> {
         let room_total = self.config.max_in_flight.saturating_sub(self.in_flight) as u32;
         let c = self.campaigns[slot as usize].as_mut()?;
-        if c.settings.paused {
+        if c.settings.paused || c.settings.halted || c.halt.is_some() {
             return None;
         }
         if let Some(t) = c.next_at {
@@ -869,7 +907,10 @@ impl Scheduler {
         // Its share of max_in_flight, or more while half the pool sits idle: the share
         // only has to stop one slow campaign from starving the others.
         let cap = share.max(room_total / 2);
-        let room = cap.saturating_sub(c.in_flight).min(room_total);
+        let mut room = cap.saturating_sub(c.in_flight).min(room_total);
+        if !c.confirmed {
+            room = room.min(PROBE_IN_FLIGHT.saturating_sub(c.in_flight));
+        }
         let want = (ready_retries + undispatched).min(room);
         let mut wake = c
             .retries
@@ -892,6 +933,9 @@ impl Scheduler {
         // Retries first: they are the oldest work.
         while left > 0 {
             let c = self.campaigns[slot as usize].as_mut()?;
+            if c.halt.is_some() {
+                break;
+            }
             match c.retries.peek() {
                 Some(Reverse(r)) if r.not_before <= now => {
                     let r = c.retries.pop().expect("peeked").0;
@@ -910,6 +954,9 @@ impl Scheduler {
         }
         while left > 0 {
             let c = self.campaigns[slot as usize].as_mut()?;
+            if c.halt.is_some() {
+                break;
+            }
             let Some(&jslot) = c.queue.front() else { break };
             let job = self.jobs[jslot as usize].as_mut().expect("queued job");
             let device = job.next;
@@ -959,9 +1006,18 @@ impl Scheduler {
         now: Nanos,
         unix_sec: u64,
     ) {
+        let provider = self.jobs[jslot as usize]
+            .as_ref()
+            .map_or(0, |j| j.job.provider_slot);
+        if let Some(reason) = self.provider_halt(provider) {
+            // Its provider refused its configuration: no send, the device waits.
+            self.halt_campaign(cslot, &reason, now);
+            self.hold_for_resume((jslot, device, attempt, first_failed), now);
+            return;
+        }
         let job = self.jobs[jslot as usize].as_mut().expect("dispatched job");
         job.in_flight += 1;
-        let future: SendFuture = self.sender.send(&job.job, device as usize);
+        let future: SendFuture = self.providers.send(&job.job, device as usize);
         let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
         c.in_flight += 1;
         self.in_flight += 1;
@@ -992,126 +1048,6 @@ impl Scheduler {
                 });
             }
         }
-    }
-
-    /// Records the outcome of one send.
-    pub fn complete(&mut self, done: Completion, now: Nanos, unix_sec: u64) {
-        let Completion {
-            slot,
-            device,
-            attempt,
-            first_failed,
-            outcome,
-        } = done;
-        let Some(job) = self.jobs[slot as usize].as_mut() else {
-            return;
-        };
-        job.in_flight -= 1;
-        let cslot = job.campaign;
-        self.in_flight -= 1;
-        let c = self.campaigns[cslot as usize]
-            .as_mut()
-            .expect("campaign of job");
-        c.in_flight -= 1;
-        // Interim mapping until the scheduler acts on every class (issue 20).
-        let outcome = match outcome {
-            SendOutcome::RetryDevice { after, reason } => {
-                SendOutcome::RetryProvider { after, reason }
-            }
-            SendOutcome::Halt { reason, .. } => SendOutcome::RetryProvider {
-                after: None,
-                reason,
-            },
-            SendOutcome::Mismatch { reason, .. } => SendOutcome::Rejected {
-                status: None,
-                reason,
-            },
-            o => o,
-        };
-        let finished_device = match outcome {
-            SendOutcome::DeadToken { reason } => {
-                c.counter.record(unix_sec, Outcome::Failed, 1);
-                c.failed += 1;
-                if let Some(job) = self.jobs[slot as usize].as_ref() {
-                    let token = job.job.devices[device as usize].clone();
-                    self.queue_record(Record::InvalidToken { token, reason }, None);
-                }
-                true
-            }
-            SendOutcome::Delivered => {
-                c.counter.record(unix_sec, Outcome::Sent, 1);
-                c.sent += 1;
-                self.counters.delivered += 1;
-                true
-            }
-            SendOutcome::RetryProvider { after, reason } => {
-                c.counter.record(unix_sec, Outcome::Retried, 1);
-                c.retried += 1;
-                self.retries_total.increment(1);
-                let since = if attempt == 0 { now } else { first_failed };
-                let partition = self.jobs[slot as usize].as_ref().map(|j| j.partition);
-                if partition.is_some_and(|p| self.is_revoking(p)) {
-                    // Its next owner sends it; a retry here would outlast the drain.
-                    self.check_revoke_done();
-                    return;
-                }
-                let c = self.campaigns[cslot as usize]
-                    .as_mut()
-                    .expect("campaign of job");
-                let give_up_ns = self.config.give_up_after.as_nanos() as Nanos;
-                if attempt + 1 >= self.config.max_attempts
-                    && now.saturating_sub(since) >= give_up_ns
-                {
-                    c.counter.record(unix_sec, Outcome::Failed, 1);
-                    c.failed += 1;
-                    let reason = format!(
-                        "gave up after {} attempts over {:.1} s; last: {reason}",
-                        attempt + 1,
-                        now.saturating_sub(since) as f64 / NANOS_PER_SEC as f64
-                    );
-                    self.dead_letter(slot, device, reason);
-                    false
-                } else {
-                    let delay = retry_delay(
-                        attempt + 1,
-                        after,
-                        self.config.retry_base,
-                        self.config.retry_max,
-                    );
-                    c.retries.push(Reverse(RetryItem {
-                        not_before: now + delay.as_nanos() as Nanos,
-                        slot,
-                        device,
-                        attempt: attempt + 1,
-                        first_failed: since,
-                    }));
-                    false
-                }
-            }
-            SendOutcome::Rejected { status, reason } => {
-                c.counter.record(unix_sec, Outcome::Failed, 1);
-                c.failed += 1;
-                let reason = match status {
-                    Some(s) => format!("permanent failure (HTTP {s}): {reason}"),
-                    None => format!("permanent failure: {reason}"),
-                };
-                self.dead_letter(slot, device, reason);
-                false
-            }
-            SendOutcome::RetryDevice { .. }
-            | SendOutcome::Halt { .. }
-            | SendOutcome::Mismatch { .. } => {
-                unreachable!("mapped above")
-            }
-        };
-        if finished_device {
-            let job = self.jobs[slot as usize].as_mut().expect("job");
-            job.mark_done(device);
-            if job.done_count == job.total() {
-                self.finish_job(slot);
-            }
-        }
-        self.check_revoke_done();
     }
 
     fn dead_letter(&mut self, slot: u32, device: u32, reason: String) {
@@ -1513,14 +1449,13 @@ impl std::fmt::Debug for Scheduler {
 }
 
 #[cfg(test)]
-#[path = "scheduler_outcome_tests.rs"]
 mod outcome_tests;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limiter::Algorithm;
-    use crate::sender::NullSender;
+    use crate::sender::{AnySender, NullSender};
 
     const SEC: Nanos = NANOS_PER_SEC;
     const MS: Nanos = 1_000_000;

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::limiter::Algorithm;
-use crate::sender::{HttpSender, HttpSenderConfig, NullSender};
+use crate::sender::{AnySender, HttpSender, HttpSenderConfig, NullSender};
 use crate::worker::outcomes::Outcomes;
 
 fn scheduler(sender: AnySender) -> (Scheduler, mpsc::UnboundedReceiver<Completion>) {
