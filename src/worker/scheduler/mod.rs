@@ -1449,6 +1449,8 @@ impl std::fmt::Debug for Scheduler {
 }
 
 #[cfg(test)]
+mod answer_tests;
+#[cfg(test)]
 mod outcome_tests;
 
 #[cfg(test)]
