@@ -97,7 +97,7 @@ pub enum CampaignCommand {
     },
     /// Stops a campaign's sends; its jobs wait.
     Pause { id: String },
-    /// Lets a paused campaign send again.
+    /// Lets a paused or halted campaign send again (fix a halt's cause first).
     Resume { id: String },
 }
 
@@ -146,9 +146,18 @@ pub struct CampaignOut {
     /// `None`: the worker's configured limiter.scope.
     #[serde(default)]
     pub limiter_scope: Option<String>,
+    /// Why a provider's answer halted it, while halted.
+    #[serde(default)]
+    pub halt_reason: Option<String>,
     pub sent: i64,
     pub failed: i64,
     pub retried: i64,
+    /// Tokens the provider said are dead.
+    #[serde(default)]
+    pub invalid: i64,
+    /// Devices the provider refused for good.
+    #[serde(default)]
+    pub rejected: i64,
     pub rate_10s: f64,
     pub active: bool,
     pub live: Option<LiveOut>,
@@ -469,6 +478,12 @@ fn campaign_details(c: &CampaignOut) -> String {
     };
     kv("id", c.id.clone());
     kv("status", c.status.clone());
+    if let Some(reason) = &c.halt_reason {
+        kv(
+            "halted",
+            format!("{reason} (fix the configuration, then `campaign resume`)"),
+        );
+    }
     kv("send_rate", format!("{}/s", number(c.send_rate)));
     kv("algorithm", c.algorithm.clone());
     kv("burst", c.burst.to_string());
@@ -477,6 +492,8 @@ fn campaign_details(c: &CampaignOut) -> String {
     kv("sent", c.sent.to_string());
     kv("failed", c.failed.to_string());
     kv("retried", c.retried.to_string());
+    kv("invalid", c.invalid.to_string());
+    kv("rejected", c.rejected.to_string());
     kv(
         "worker",
         match &c.live {

@@ -122,6 +122,19 @@ fn describe() {
         "Jobs left in Kafka behind their campaign's lookahead, to be re-read"
     );
     describe_gauge!("paused_partitions", "Partitions paused by backpressure");
+    describe_gauge!(
+        "halted_campaigns",
+        "Campaigns this worker holds that a provider's configuration error halted"
+    );
+    metrics::describe_counter!(
+        "campaign_halts_total",
+        "Campaigns halted by a provider's answer (configuration errors)"
+    );
+    metrics::describe_counter!(
+        "provider_answers_total",
+        "Provider answers by provider, class (delivered, dead_token, retry_device, \
+         retry_provider, rejected, mismatch, halt) and reason"
+    );
     metrics::describe_counter!(
         "delivered_total",
         "Devices delivered since the worker started, all campaigns"
@@ -140,6 +153,7 @@ fn describe() {
         "buffered_devices",
         "parked_jobs",
         "paused_partitions",
+        "halted_campaigns",
     ] {
         metrics::gauge!(name).set(0.0);
     }
@@ -153,6 +167,12 @@ pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
     metrics::gauge!("buffered_devices").set(consumer.buffered_devices as f64);
     metrics::gauge!("parked_jobs").set(consumer.parked_jobs as f64);
     metrics::gauge!("paused_partitions").set(consumer.paused_partitions.len() as f64);
+    let halted = scheduler
+        .campaigns
+        .iter()
+        .filter(|c| c.halted.is_some())
+        .count();
+    metrics::gauge!("halted_campaigns").set(halted as f64);
 }
 
 /// Samples on every snapshot the worker publishes (at most every 250 ms) until `stop`

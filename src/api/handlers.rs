@@ -210,6 +210,8 @@ pub struct LiveView {
     /// Holding a slot (false: waiting for one).
     pub active: bool,
     pub paused: bool,
+    /// Why the worker holds it halted (a provider's configuration error), if it does.
+    pub halted: Option<String>,
     /// The rate its limiter runs at.
     pub rate: f64,
     pub algorithm: Algorithm,
@@ -226,6 +228,7 @@ impl From<&CampaignLive> for LiveView {
         Self {
             active: c.active,
             paused: c.paused,
+            halted: c.halted.as_deref().map(str::to_string),
             rate: c.rate,
             algorithm: c.algorithm,
             sent: c.sent,

@@ -176,7 +176,7 @@ impl Providers {
     }
 }
 
-/// Counts each provider answer as `pushpace_provider_answers_total{provider, class,
+/// Counts each provider answer as `provider_answers_total{provider, class,
 /// reason}`. The delivered counter is registered once, so a delivered send costs one
 /// atomic add; the others are rare and looked up by label.
 #[derive(Clone)]
@@ -188,7 +188,7 @@ pub struct AnswerMetrics {
 impl AnswerMetrics {
     pub fn new(provider: &Arc<str>) -> Self {
         let delivered = metrics::counter!(
-            "pushpace_provider_answers_total",
+            "provider_answers_total",
             "provider" => provider.to_string(),
             "class" => "delivered",
             "reason" => "ok"
@@ -207,7 +207,7 @@ impl AnswerMetrics {
             return;
         }
         metrics::counter!(
-            "pushpace_provider_answers_total",
+            "provider_answers_total",
             "provider" => self.provider.to_string(),
             "class" => outcome.class(),
             "reason" => reason

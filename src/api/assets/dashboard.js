@@ -82,7 +82,7 @@ async function setRate(id, input) {
 }
 
 async function toggle(id, status) {
-  const action = status === "paused" ? "resume" : "pause";
+  const action = status === "paused" || status === "halted" ? "resume" : "pause";
   const c = await mutate("POST", campaignPath(id) + "/" + action);
   if (c) {
     say(`${id}: ${c.status}`, "ok");
@@ -148,15 +148,18 @@ function renderTable(list) {
     r.statusValue = c.status;
     r.status.textContent = c.status;
     r.status.className = "status-" + c.status;
+    // A halt says why: the provider's answer, for the operator to fix before resuming.
+    r.status.title = c.halt_reason || "";
+    if (c.halt_reason) r.status.textContent = `halted: ${c.halt_reason}`;
     r.algorithm.textContent = c.algorithm + (c.burst ? ` (burst ${c.burst})` : "");
     r.sendRate.textContent = fmt(c.send_rate, 3);
     r.rate10.textContent = fmt(c.rate_10s, 1);
     r.sent.textContent = fmt(c.sent);
-    r.failed.textContent = fmt(c.failed);
+    r.failed.textContent = fmt(c.failed + (c.rejected || 0)) + (c.invalid ? ` (+${fmt(c.invalid)} invalid)` : "");
     r.live.textContent = c.live
       ? (c.live.active ? "active" : "waiting") + (c.live.in_flight ? `, ${c.live.in_flight} in flight` : "")
       : "–";
-    r.toggleButton.textContent = c.status === "paused" ? "Resume" : "Pause";
+    r.toggleButton.textContent = c.status === "paused" || c.status === "halted" ? "Resume" : "Pause";
   }
   for (const [id, r] of rows) {
     if (!seen.has(id)) {
@@ -194,7 +197,7 @@ function makeChart(c) {
       series: [
         {},
         { label: "sent/s", stroke: COLORS.sent, width: 2, fill: "rgba(31,119,180,0.08)", points: { show: false } },
-        { label: "failed/s", stroke: COLORS.failed, width: 1, points: { show: false } },
+        { label: "not delivered/s (failed, rejected, invalid)", stroke: COLORS.failed, width: 1, points: { show: false } },
         { label: "send_rate", stroke: COLORS.rate, width: 1.5, dash: [6, 4], points: { show: false } },
       ],
       axes: [{}, { label: "per second", size: 60 }],
@@ -210,7 +213,7 @@ function makeChart(c) {
 function merge(ch, points) {
   const byT = new Map();
   ch.t.forEach((t, i) => byT.set(t, [ch.sent[i], ch.failed[i]]));
-  for (const p of points) byT.set(Date.parse(p.t) / 1000, [p.sent, p.failed]);
+  for (const p of points) byT.set(Date.parse(p.t) / 1000, [p.sent, p.failed + (p.rejected || 0) + (p.invalid || 0)]);
   const ts = [...byT.keys()].sort((a, b) => a - b);
   const keep = ts.slice(Math.max(0, ts.length - WINDOW_S));
   ch.t = keep;
