@@ -87,6 +87,9 @@ pub struct ConsumerParams {
     pub settings_ttl: Duration,
     /// Set to false when the thread ends, however it ends.
     pub running: tokio::sync::watch::Sender<bool>,
+    /// The worker's providers: a job's provider name and that provider's own rules are
+    /// checked at intake.
+    pub providers: Arc<crate::provider::Providers>,
 }
 
 /// Lookups in flight at most: enough to cover a database round trip at the broker's
@@ -184,6 +187,7 @@ pub fn spawn(
         stats: params.stats,
         flush_now: params.flush_now,
         enricher: params.enricher,
+        providers: params.providers,
         pressed_since: None,
     };
     let thread = std::thread::Builder::new()
@@ -225,6 +229,7 @@ struct Loop {
     stats: tokio::sync::watch::Sender<ConsumerStats>,
     flush_now: FlushNow,
     enricher: Enricher,
+    providers: Arc<crate::provider::Providers>,
     /// Since when a later stage has had no room.
     pressed_since: Option<Instant>,
 }
@@ -483,7 +488,11 @@ impl Loop {
         partition: i32,
         offset: i64,
     ) -> Option<Job> {
-        let rejection = match super::message::inspect_message(msg) {
+        let checked = super::message::inspect_message(msg).and_then(|mut job| {
+            self.providers.resolve(&mut job)?;
+            Ok(job)
+        });
+        let rejection = match checked {
             Ok(job) => return Some(job),
             Err(r) => r,
         };

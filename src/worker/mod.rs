@@ -26,6 +26,7 @@ pub mod scheduler;
 
 use crate::config::{CappingScope, SenderKind, Settings};
 use crate::limiter::{Clock, MonotonicClock};
+use crate::provider::Providers;
 use crate::sender::{AnySender, HttpSender, HttpSenderConfig, NullSender};
 use crate::shutdown::ShutdownController;
 use crate::stats::{Flusher, FlusherConfig, StatsRecorder};
@@ -128,13 +129,13 @@ impl Worker {
         settings: &Settings,
         pool: PgPool,
         bootstrap: String,
-        sender: AnySender,
+        providers: impl Into<Arc<Providers>>,
     ) -> Result<Worker, WorkerError> {
         Self::start_with_clock(
             settings,
             pool,
             bootstrap,
-            sender,
+            providers,
             Arc::new(MonotonicClock::new()),
         )
         .await
@@ -144,9 +145,10 @@ impl Worker {
         settings: &Settings,
         pool: PgPool,
         bootstrap: String,
-        sender: AnySender,
+        providers: impl Into<Arc<Providers>>,
         clock: Arc<dyn Clock>,
     ) -> Result<Worker, WorkerError> {
+        let providers: Arc<Providers> = providers.into();
         let w = &settings.worker;
         let defaults = campaign_defaults(settings);
         let recorder = StatsRecorder::new();
@@ -201,7 +203,7 @@ impl Worker {
                 limiters,
                 forget_after: Duration::from_millis(w.forget_idle_after_ms),
             },
-            sender,
+            Arc::clone(&providers),
             recorder,
             completions_tx,
             events_tx,
@@ -297,6 +299,7 @@ impl Worker {
                 stats: consumer_stats_tx,
                 runtime: tokio::runtime::Handle::current(),
                 enricher,
+                providers,
                 outcomes: outcomes.clone(),
                 // Shorter than the scheduler's forget_after, so that settings a job
                 // carries are never older than what the scheduler still remembers.
