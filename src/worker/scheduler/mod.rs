@@ -29,6 +29,7 @@ use crate::limiter::{
     self, Algorithm, Clock, DynLimiter, Grant, Nanos, Rate, RateLimiter, NANOS_PER_SEC,
 };
 mod answers;
+mod caps;
 
 pub use answers::{MISMATCH_MIN, MISMATCH_WINDOW, PROBE_IN_FLIGHT};
 
@@ -330,6 +331,8 @@ struct Campaign {
     failed: u64,
     retried: u64,
     invalid: u64,
+    /// The provider of its first job: the cap it shares.
+    provider: u16,
     /// Stopped by a provider's configuration error until an operator resumes it.
     halt: Option<answers::HaltState>,
     /// An answer has shown that the provider takes this campaign's sends; until then at
@@ -387,6 +390,8 @@ pub struct CampaignLive {
 pub struct Scheduler {
     config: SchedulerConfig,
     providers: Arc<Providers>,
+    /// Each provider's `max_rate` cap, by slot.
+    provider_caps: Vec<Option<HierarchicalLimiter>>,
     /// Providers whose configuration was refused, by slot: their campaigns halt.
     provider_halts: Vec<Option<Arc<str>>>,
     halts_total: metrics::Counter,
@@ -435,15 +440,19 @@ impl Scheduler {
         completions: mpsc::UnboundedSender<Completion>,
         events: std::sync::mpsc::Sender<Event>,
     ) -> Self {
-        let global = config.global_rate.map(|r| {
-            HierarchicalLimiter::new(
-                r,
-                r.permits_in(config.quantum_min.as_nanos() as Nanos).ceil() as u32,
-            )
-        });
+        let providers: Arc<Providers> = providers.into();
+        let quantum_min = config.quantum_min.as_nanos() as Nanos;
+        let global = config
+            .global_rate
+            .map(|r| caps::cap_limiter(r, quantum_min));
+        let provider_caps = providers
+            .iter()
+            .map(|p| p.max_rate.map(|r| caps::cap_limiter(r, quantum_min)))
+            .collect();
         Self {
             config,
-            providers: providers.into(),
+            provider_caps,
+            providers,
             provider_halts: Vec::new(),
             halts_total: metrics::counter!("campaign_halts_total"),
             stats,
@@ -530,27 +539,6 @@ impl Scheduler {
         }
     }
 
-    fn build_limiter(&self, s: &CampaignSettings, rate: Rate) -> DynLimiter {
-        match &self.global {
-            // Under a global cap the burst lives in the soft burst bucket only, so that
-            // it uses capacity other campaigns leave unused (the own limiter gets none).
-            Some(g) => {
-                let own =
-                    self.config
-                        .limiters
-                        .build_scoped(&s.id, s.algorithm, s.limiter_scope, rate, 0);
-                Arc::new(g.campaign_with(own, s.burst))
-            }
-            None => self.config.limiters.build_scoped(
-                &s.id,
-                s.algorithm,
-                s.limiter_scope,
-                rate,
-                s.burst,
-            ),
-        }
-    }
-
     /// Applies settings from the store (rate change, pause, algorithm change).
     pub fn apply_settings(&mut self, s: CampaignSettings, now: Nanos) {
         self.now_hint = self.now_hint.max(now);
@@ -569,7 +557,10 @@ impl Scheduler {
         let effective = self.campaigns[slot as usize]
             .as_ref()
             .map_or(s.rate, |c| c.effective_rate);
-        let limiter = rebuild.then(|| self.build_limiter(&s, effective));
+        let provider = self.campaigns[slot as usize]
+            .as_ref()
+            .map_or(0, |c| c.provider);
+        let limiter = rebuild.then(|| self.build_limiter(&s, effective, provider));
         let c = self.campaigns[slot as usize]
             .as_mut()
             .expect("indexed campaign");
@@ -583,48 +574,6 @@ impl Scheduler {
         self.apply_halt_settings(slot, halted, paused);
         // The new rate (or pause) changes everyone's fair share under a global cap.
         self.rebalance(now);
-    }
-
-    /// Sets each campaign's effective rate: its own send_rate, or, under a global cap,
-    /// its max-min fair share (water-filling: campaigns asking less than an equal split
-    /// get what they ask; the rest share what is left equally). Rates change through
-    /// `set_rate`, so a change never releases a burst.
-    fn rebalance(&mut self, now: Nanos) {
-        let mut wanted: Vec<(f64, u32)> = self
-            .active
-            .iter()
-            .filter_map(|&slot| {
-                let c = self.campaigns[slot as usize].as_ref()?;
-                let sending = !c.settings.paused && !c.settings.halted && c.halt.is_none();
-                sending.then(|| (c.settings.rate.as_f64(), slot))
-            })
-            .collect();
-        let mut shares: HashMap<u32, f64> = HashMap::new();
-        if let Some(g) = &self.global {
-            wanted.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let mut left = g.global_rate().as_f64();
-            let n = wanted.len();
-            for (k, (rate, slot)) in wanted.iter().enumerate() {
-                let fair = left / (n - k) as f64;
-                let share = rate.min(fair);
-                left -= share;
-                shares.insert(*slot, share);
-            }
-        }
-        for slot in 0..self.campaigns.len() as u32 {
-            let Some(c) = self.campaigns[slot as usize].as_mut() else {
-                continue;
-            };
-            let target = shares
-                .get(&slot)
-                .and_then(|r| Rate::per_second(*r).ok())
-                .unwrap_or(c.settings.rate);
-            if target != c.effective_rate {
-                c.limiter.set_rate(target, now);
-                c.effective_rate = target;
-                c.next_at = None;
-            }
-        }
     }
 
     /// Takes a job from the consumer.
@@ -653,7 +602,7 @@ impl Scheduler {
             .map_or(settings, |(s, _)| s.clone());
         self.known
             .insert(campaign_id.clone(), (settings.clone(), now));
-        let cslot = self.campaign_slot(settings, now);
+        let cslot = self.campaign_slot(settings, job.provider_slot);
 
         let progress = self.stats.track_job(JobKey {
             job_id: job.job_id.clone(),
@@ -745,11 +694,13 @@ impl Scheduler {
         }
     }
 
-    fn campaign_slot(&mut self, settings: CampaignSettings, _now: Nanos) -> u32 {
+    /// The campaign's slot; a new campaign takes the provider of its first job (for
+    /// the provider's cap).
+    fn campaign_slot(&mut self, settings: CampaignSettings, provider: u16) -> u32 {
         if let Some(&s) = self.by_id.get(&settings.id) {
             return s;
         }
-        let limiter = self.build_limiter(&settings, settings.rate);
+        let limiter = self.build_limiter(&settings, settings.rate, provider);
         let counter = self.stats.campaign(&settings.id);
         let effective_rate = settings.rate;
         let id = settings.id.clone();
@@ -768,6 +719,7 @@ impl Scheduler {
             failed: 0,
             retried: 0,
             invalid: 0,
+            provider,
             halt: None,
             confirmed: false,
             mismatch: answers::MismatchWindow::default(),

@@ -1,0 +1,173 @@
+//! Caps over several campaigns: `limiter.global_rate` over all of them, and each
+//! provider's `max_rate` over the campaigns that send through it. A campaign's limiter
+//! sits under the hierarchical limiter of each cap that applies (its provider's inside
+//! the global one), and its rate is set to its max-min fair share of each cap in turn.
+
+use super::Scheduler;
+use crate::limiter::hierarchical::HierarchicalLimiter;
+use crate::limiter::{DynLimiter, Nanos, Rate};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Water-filling: campaigns asking less than an equal split of `cap` get what they ask;
+/// the others share what is left equally. `wanted` is (rate, campaign slot).
+pub(super) fn max_min(cap: f64, wanted: &mut [(f64, u32)], shares: &mut HashMap<u32, f64>) {
+    wanted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut left = cap;
+    let n = wanted.len();
+    for (k, &(rate, slot)) in wanted.iter().enumerate() {
+        let fair = left / (n - k) as f64;
+        let share = rate.min(fair);
+        left -= share;
+        shares.insert(slot, share);
+    }
+}
+
+/// The hierarchical limiter of a cap, with a tolerance of one `quantum_min` of sends.
+pub(super) fn cap_limiter(rate: Rate, quantum_min: Nanos) -> HierarchicalLimiter {
+    HierarchicalLimiter::new(rate, rate.permits_in(quantum_min).ceil() as u32)
+}
+
+impl Scheduler {
+    /// A campaign's limiter at `rate`, under the caps that apply to it. Under a cap the
+    /// burst lives in the cap's soft burst bucket only, so that it uses capacity other
+    /// campaigns leave unused; under both caps the burst is the provider's bucket's.
+    pub(super) fn build_limiter(
+        &self,
+        s: &super::CampaignSettings,
+        rate: Rate,
+        provider: u16,
+    ) -> DynLimiter {
+        let limiters = &self.config.limiters;
+        let pcap = self
+            .provider_caps
+            .get(usize::from(provider))
+            .and_then(Option::as_ref);
+        if self.global.is_none() && pcap.is_none() {
+            return limiters.build_scoped(&s.id, s.algorithm, s.limiter_scope, rate, s.burst);
+        }
+        let own = limiters.build_scoped(&s.id, s.algorithm, s.limiter_scope, rate, 0);
+        match (&self.global, pcap) {
+            (Some(g), None) => Arc::new(g.campaign_with(own, s.burst)),
+            (None, Some(p)) => Arc::new(p.campaign_with(own, s.burst)),
+            (Some(g), Some(p)) => {
+                Arc::new(g.campaign_with(Arc::new(p.campaign_with(own, s.burst)), 0))
+            }
+            (None, None) => unreachable!("handled above"),
+        }
+    }
+
+    /// Sets each campaign's effective rate: its own send_rate, or its max-min fair share
+    /// of its provider's cap and then of the global cap. Rates change through `set_rate`,
+    /// so a change never releases a burst.
+    pub(super) fn rebalance(&mut self, now: Nanos) {
+        let sending: Vec<(f64, u32, u16)> = self
+            .active
+            .iter()
+            .filter_map(|&slot| {
+                let c = self.campaigns[slot as usize].as_ref()?;
+                let sending = !c.settings.paused && !c.settings.halted && c.halt.is_none();
+                sending.then(|| (c.settings.rate.as_f64(), slot, c.provider))
+            })
+            .collect();
+        let mut shares: HashMap<u32, f64> = HashMap::new();
+        for (p, cap) in self.provider_caps.iter().enumerate() {
+            let Some(cap) = cap else { continue };
+            let mut group: Vec<(f64, u32)> = sending
+                .iter()
+                .filter(|(_, _, provider)| usize::from(*provider) == p)
+                .map(|&(rate, slot, _)| (rate, slot))
+                .collect();
+            max_min(cap.global_rate().as_f64(), &mut group, &mut shares);
+        }
+        if let Some(g) = &self.global {
+            let mut wanted: Vec<(f64, u32)> = sending
+                .iter()
+                .map(|&(rate, slot, _)| (shares.get(&slot).copied().unwrap_or(rate), slot))
+                .collect();
+            max_min(g.global_rate().as_f64(), &mut wanted, &mut shares);
+        }
+        for slot in 0..self.campaigns.len() as u32 {
+            let Some(c) = self.campaigns[slot as usize].as_mut() else {
+                continue;
+            };
+            let target = shares
+                .get(&slot)
+                .and_then(|r| Rate::per_second(*r).ok())
+                .unwrap_or(c.settings.rate);
+            if target != c.effective_rate {
+                c.limiter.set_rate(target, now);
+                c.effective_rate = target;
+                c.next_at = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{CampaignSettings, IncomingJob, SchedulerConfig};
+    use super::*;
+    use crate::job::Job;
+    use crate::limiter::Algorithm;
+    use crate::provider::{Provider, ProviderKind, Providers};
+    use crate::sender::{AnySender, NullSender};
+    use crate::stats::StatsRecorder;
+
+    fn provider(name: &str, max_rate: Option<f64>) -> Provider {
+        Provider {
+            name: Arc::from(name),
+            kind: ProviderKind::Null,
+            max_rate: max_rate.map(|r| Rate::per_second(r).unwrap()),
+            sender: AnySender::Null(NullSender),
+        }
+    }
+
+    #[test]
+    fn a_provider_cap_is_shared_max_min_by_its_campaigns_only() {
+        let providers = Providers::new(
+            vec![provider("capped", Some(100.0)), provider("free", None)],
+            "capped",
+        )
+        .unwrap();
+        let (completions, _crx) = tokio::sync::mpsc::unbounded_channel();
+        let (events, _) = std::sync::mpsc::channel();
+        let mut s = Scheduler::new(
+            SchedulerConfig::default(),
+            Arc::new(providers),
+            StatsRecorder::new(),
+            completions,
+            events,
+        );
+        for (campaign, rate, slot) in [("a", 1000.0, 0), ("b", 20.0, 0), ("c", 1000.0, 1)] {
+            let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
+            let mut job = Job::new(campaign, campaign, vec!["t".into(); 10], payload).unwrap();
+            job.provider_slot = slot;
+            let settings = CampaignSettings::active(
+                campaign,
+                Rate::per_second(rate).unwrap(),
+                Algorithm::Gcra,
+            );
+            s.add_job(IncomingJob::fresh(job, 0, 0, settings), 0);
+        }
+        let rate = |id: &str| {
+            let slot = s.by_id[id];
+            s.campaigns[slot as usize]
+                .as_ref()
+                .unwrap()
+                .effective_rate
+                .as_f64()
+        };
+        assert_eq!((rate("a"), rate("b"), rate("c")), (80.0, 20.0, 1000.0));
+    }
+
+    #[test]
+    fn max_min_gives_small_asks_in_full_and_splits_the_rest() {
+        let mut shares = HashMap::new();
+        let mut wanted = vec![(500.0, 1), (10.0, 2), (1000.0, 3)];
+        max_min(600.0, &mut wanted, &mut shares);
+        assert_eq!(shares[&2], 10.0);
+        assert_eq!(shares[&1], 295.0);
+        assert_eq!(shares[&3], 295.0);
+    }
+}
