@@ -265,7 +265,7 @@ impl Client {
 /// What a campaign change answered: the API's JSON as is (`--json`), or the campaign.
 enum Changed {
     Json(String),
-    Campaign(CampaignOut),
+    Campaign(Box<CampaignOut>),
 }
 
 /// PUTs `body` to campaign `id` (authenticated).
@@ -282,7 +282,7 @@ async fn put_campaign(
     if json {
         return pretty(&url, &bytes).map(Changed::Json);
     }
-    decode(&url, &bytes).map(Changed::Campaign)
+    decode(&url, &bytes).map(|c| Changed::Campaign(Box::new(c)))
 }
 
 fn decode<T: serde::de::DeserializeOwned>(url: &str, bytes: &[u8]) -> Result<T, CliError> {
