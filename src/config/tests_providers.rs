@@ -1,0 +1,1 @@
+//! Unit tests of `[providers.<name>]`: parsing, checks, secrets.
