@@ -85,7 +85,9 @@ pub(super) fn check_service_account(json: &SecretString) -> Result<(), String> {
     {
         use rsa::pkcs8::DecodePrivateKey;
         rsa::RsaPrivateKey::from_pkcs8_pem(key.trim()).map_err(|e| {
-            format!("is not a service-account JSON: private_key is not a PKCS#8 RSA key in PEM: {e}")
+            format!(
+                "is not a service-account JSON: private_key is not a PKCS#8 RSA key in PEM: {e}"
+            )
         })?;
     }
     check_url(token_uri, true).map_err(|e| format!("token_uri: {e}"))?;

@@ -129,7 +129,6 @@ impl Settings {
     }
 }
 
-
 /// Where to load settings from and what to put on top.
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {

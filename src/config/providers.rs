@@ -25,8 +25,6 @@ use std::time::Duration;
 pub const FCM_DEFAULT_MAX_RATE: f64 = 10_000.0;
 /// Apple: re-sign the JWT at most every 20 minutes.
 pub const APNS_MIN_REFRESH_S: u64 = 1200;
-/// Longest provider name.
-pub const MAX_PROVIDER_NAME: usize = 64;
 
 /// One `[providers.<name>]` section as written; checked by [`build`].
 #[derive(Default, Deserialize)]
@@ -86,13 +84,22 @@ impl ProviderSection {
             ("token_refresh_s", self.token_refresh_s.is_some()),
             ("service_account_file", self.service_account_file.is_some()),
             ("service_account", self.service_account.is_some()),
-            ("token_refresh_margin_s", self.token_refresh_margin_s.is_some()),
-            ("vapid_private_key_file", self.vapid_private_key_file.is_some()),
+            (
+                "token_refresh_margin_s",
+                self.token_refresh_margin_s.is_some(),
+            ),
+            (
+                "vapid_private_key_file",
+                self.vapid_private_key_file.is_some(),
+            ),
             ("vapid_private_key", self.vapid_private_key.is_some()),
             ("vapid_subject", self.vapid_subject.is_some()),
             ("vapid_lifetime_s", self.vapid_lifetime_s.is_some()),
             ("url", self.url.is_some()),
-            ("http2_prior_knowledge", self.http2_prior_knowledge.is_some()),
+            (
+                "http2_prior_knowledge",
+                self.http2_prior_knowledge.is_some(),
+            ),
             ("http2_connections", self.http2_connections.is_some()),
             ("http1_client", self.http1_client.is_some()),
             ("ca_file", self.ca_file.is_some()),
@@ -100,7 +107,10 @@ impl ProviderSection {
             ("timeout_ms", self.timeout_ms.is_some()),
             ("max_in_flight", self.max_in_flight.is_some()),
         ];
-        all.into_iter().filter(|(_, s)| *s).map(|(n, _)| n).collect()
+        all.into_iter()
+            .filter(|(_, s)| *s)
+            .map(|(n, _)| n)
+            .collect()
     }
 }
 
@@ -147,22 +157,6 @@ pub(super) fn sections(
     }
 }
 
-/// Checks a provider name: 1–64 characters from `[a-z0-9_-]`.
-pub fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_PROVIDER_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "the name {name:?} must be 1–{MAX_PROVIDER_NAME} characters from [a-z0-9_-]"
-        ))
-    }
-}
-
 /// Every provider: the implicit `webhook` of `[sender]`, then the sections by name.
 /// `sender.default_provider` must name one of them.
 pub(super) fn build(
@@ -178,7 +172,8 @@ pub(super) fn build(
                  configure that one in [sender] or give this section another name",
             ));
         }
-        check_name(name).map_err(|e| invalid(format!("providers.{name}"), e))?;
+        crate::job::check_provider_name(name)
+            .map_err(|e| invalid(format!("providers.{name}"), format!("the name {e}")))?;
         let ctx = Ctx {
             name,
             section,

@@ -473,4 +473,3 @@ impl std::fmt::Debug for HttpSettings {
             .finish()
     }
 }
-

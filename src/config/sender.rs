@@ -67,4 +67,3 @@ impl std::fmt::Debug for SenderSettings {
             .finish()
     }
 }
-

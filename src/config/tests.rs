@@ -113,9 +113,7 @@ fn url_secrets_are_redacted() {
         "https://u:***@push.example:8443/v1?token=***&x=1#***"
     );
     assert_eq!(
-        redact_url(
-            "postgres://app@db/x?sslmode=require&PASSWORD=a&sslpassword=b&passfile=%2Fp"
-        ),
+        redact_url("postgres://app@db/x?sslmode=require&PASSWORD=a&sslpassword=b&passfile=%2Fp"),
         "postgres://app@db/x?sslmode=require&PASSWORD=***&sslpassword=***&passfile=***"
     );
     assert_eq!(redact_url("http://h/p"), "http://h/p");

@@ -20,10 +20,7 @@ struct Keys {
 impl Keys {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let p8 = ec_key()
-            .to_pkcs8_pem(LineEnding::LF)
-            .unwrap()
-            .to_string();
+        let p8 = ec_key().to_pkcs8_pem(LineEnding::LF).unwrap().to_string();
         let rsa = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 1024)
             .unwrap()
             .to_pkcs8_pem(LineEnding::LF)
@@ -31,7 +28,10 @@ impl Keys {
             .to_string();
         let keys = Self { dir, p8, rsa };
         keys.write("ios.p8", &keys.p8);
-        keys.write("sa.json", &keys.service_account("https://127.0.0.1:9443/token"));
+        keys.write(
+            "sa.json",
+            &keys.service_account("https://127.0.0.1:9443/token"),
+        );
         let vapid = ec_key().to_sec1_pem(LineEnding::LF).unwrap();
         keys.write("vapid.pem", &vapid);
         let ca = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
@@ -159,7 +159,10 @@ fn numbers_and_secrets_from_the_environment() {
             ("PUSHPACE__PROVIDERS__IOS__ENVIRONMENT", "production"),
             ("PUSHPACE__PROVIDERS__IOS__CONNECTIONS", "4"),
             ("PUSHPACE__PROVIDERS__IOS__TOKEN_REFRESH_S", "600"),
-            ("PUSHPACE__PROVIDERS__IOS__ENDPOINT", "https://127.0.0.1:8443"),
+            (
+                "PUSHPACE__PROVIDERS__IOS__ENDPOINT",
+                "https://127.0.0.1:8443",
+            ),
             ("PUSHPACE__PROVIDERS__IOS__MAX_RATE", "250.5"),
             ("PUSHPACE__PROVIDERS__ANDROID__KIND", "fcm"),
             ("PUSHPACE__PROVIDERS__ANDROID__SERVICE_ACCOUNT", &sa),
@@ -222,7 +225,9 @@ http2_connections = 3
     assert_eq!(w.vapid_lifetime, Duration::from_secs(43_200));
     assert_eq!(w.vapid_subject, "mailto:ops@example.com");
     let ca = w.common.ca_pem.as_deref().unwrap();
-    assert!(std::str::from_utf8(ca).unwrap().contains("BEGIN CERTIFICATE"));
+    assert!(std::str::from_utf8(ca)
+        .unwrap()
+        .contains("BEGIN CERTIFICATE"));
     let ProviderSpec::Webhook(h) = &s.provider("partner").unwrap().spec else {
         panic!("not webhook")
     };
@@ -267,7 +272,7 @@ fn invalid_sections_name_the_key() {
         ),
         (
             base.replace("[providers.ios]", "[providers.\"i os\"]"),
-            "providers.i os: the name \"i os\" must be 1–64 characters from [a-z0-9_-]",
+            "providers.i os: the name must be 1–64 characters from [a-z0-9_-], got \"i os\"",
         ),
         (
             base.replace("[providers.ios]", "[providers.webhook]"),
@@ -313,7 +318,10 @@ fn key_errors_say_which_file_and_why_never_the_content() {
     );
     assert!(!e.contains(keys.rsa.lines().nth(1).unwrap()), "{e}");
     // Both a file and the text.
-    let e = err_text(load_toml(&base, &[("PUSHPACE__PROVIDERS__IOS__KEY", &keys.p8)]));
+    let e = err_text(load_toml(
+        &base,
+        &[("PUSHPACE__PROVIDERS__IOS__KEY", &keys.p8)],
+    ));
     assert!(
         e.contains("set key_file or PUSHPACE__PROVIDERS__IOS__KEY (key), not both"),
         "{e}"
@@ -324,7 +332,10 @@ fn key_errors_say_which_file_and_why_never_the_content() {
     sa.as_object_mut().unwrap().remove("project_id");
     let env = [
         ("PUSHPACE__PROVIDERS__ANDROID__KIND", "fcm"),
-        ("PUSHPACE__PROVIDERS__ANDROID__SERVICE_ACCOUNT", &sa.to_string()),
+        (
+            "PUSHPACE__PROVIDERS__ANDROID__SERVICE_ACCOUNT",
+            &sa.to_string(),
+        ),
     ];
     let e = err_text(load_toml("", &env));
     assert_eq!(
@@ -333,21 +344,36 @@ fn key_errors_say_which_file_and_why_never_the_content() {
          is not a service-account JSON: no project_id"
     );
     // A token endpoint that is not https.
-    let sa = keys.write("sa-http.json", &keys.service_account("http://oauth.example/t"));
+    let sa = keys.write(
+        "sa-http.json",
+        &keys.service_account("http://oauth.example/t"),
+    );
     let extra = format!("[providers.android]\nkind = \"fcm\"\nservice_account_file = '{sa}'\n");
     let e = err_text(load_toml(&extra, &[]));
-    assert!(e.contains("token_uri: \"http://oauth.example/t\" must be an https:// URL"), "{e}");
+    assert!(
+        e.contains("token_uri: \"http://oauth.example/t\" must be an https:// URL"),
+        "{e}"
+    );
     // A CA file with no certificate.
     let ca = keys.write("ca-bad.pem", "not a certificate");
     let extra = format!("{base}ca_file = '{ca}'\n");
     let e = err_text(load_toml(&extra, &[]));
-    assert!(e.starts_with(&format!("providers.ios.ca_file: {ca}: holds no PEM certificate")), "{e}");
+    assert!(
+        e.starts_with(&format!(
+            "providers.ios.ca_file: {ca}: holds no PEM certificate"
+        )),
+        "{e}"
+    );
 }
 
 #[test]
 fn a_short_token_refresh_is_allowed_for_tests() {
     let keys = Keys::new();
-    let s = load_toml(&format!("{}token_refresh_s = 2\n", apns_section(&keys)), &[]).unwrap();
+    let s = load_toml(
+        &format!("{}token_refresh_s = 2\n", apns_section(&keys)),
+        &[],
+    )
+    .unwrap();
     let ProviderSpec::Apns(a) = &s.provider("ios").unwrap().spec else {
         panic!("not apns")
     };
@@ -370,5 +396,8 @@ fn vapid_lifetime_is_bounded_and_pkcs8_keys_work() {
     let s = load_toml(&section(86_400), &[]).unwrap();
     assert_eq!(s.providers[1].spec.kind(), ProviderKind::WebPush);
     let e = err_text(load_toml(&section(86_401), &[]));
-    assert!(e.starts_with("providers.web.vapid_lifetime_s: must be 60–86400"), "{e}");
+    assert!(
+        e.starts_with("providers.web.vapid_lifetime_s: must be 60–86400"),
+        "{e}"
+    );
 }

@@ -213,4 +213,3 @@ impl Settings {
         Ok(())
     }
 }
-
