@@ -5,17 +5,29 @@
 //! a [`JobError`] that says which field is wrong and how, so that a person reading the
 //! dead-letter table can act on it. The rules are in `docs/JOB_FORMAT.md`.
 //!
-//! Decoding is a single pass over the message with a hand-written serde visitor: strings
-//! are copied once into the job, the payload is kept as raw JSON text (never re-encoded,
-//! so the provider receives the producer's bytes), unknown fields are skipped without
-//! being materialised, and a field error stops the parse at once.
+//! Decoding is a single pass over the message with a hand-written serde visitor
+//! ([`decode`](mod@decode)): strings are copied once into the job, the payload is kept as raw JSON
+//! text (never re-encoded, so the provider receives the producer's bytes), unknown
+//! fields are skipped without being materialised, and a field error stops the parse at
+//! once. The rules of each provider kind (payload sizes, FCM `data`, APNs tokens, Web
+//! Push subscriptions) are checked at intake by [`check_for_provider`]
+//! ([`provider_rules`]), once the job's provider is known.
 
+mod decode;
+mod devices;
 mod options;
+pub mod provider_rules;
 
-pub use options::{Priority, PushOptions, PushType};
+pub use devices::{Subscription, SubscriptionKeys};
+pub use options::{
+    check_provider_name, Priority, PushOptions, PushType, MAX_COLLAPSE_ID_BYTES, MAX_PROVIDER_NAME,
+    MAX_TTL_S,
+};
+pub use provider_rules::check_for_provider;
 
-use crate::limiter::{Algorithm, Rate, RateError};
+use crate::limiter::{Algorithm, Rate};
 use crate::store::DeadLetterKind;
+use devices::{check_token, devices_count_error};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -30,8 +42,10 @@ pub const MAX_ID_CHARS: usize = 128;
 pub const MAX_DEVICES: usize = 10_000;
 /// Longest device token, in bytes.
 pub const MAX_DEVICE_TOKEN_BYTES: usize = 4096;
-/// Largest payload, in bytes of JSON text.
-pub const MAX_PAYLOAD_BYTES: usize = 4096;
+/// Largest payload the decoder takes, in bytes of JSON text: APNs VoIP's limit, the
+/// largest of any provider. Each provider's own limit is checked at intake
+/// ([`provider_rules`]): 4096 for APNs (other push types), FCM and the webhook.
+pub const MAX_PAYLOAD_BYTES: usize = 5120;
 
 /// Longest reason text kept in an error; echoed input beyond this is cut.
 const MAX_REASON_CHARS: usize = 300;
@@ -50,9 +64,11 @@ pub struct Job {
     pub send_rate: Option<Rate>,
     /// Used when the campaign is first seen, like `send_rate`.
     pub algorithm: Option<Algorithm>,
-    /// 1–10,000 device tokens, each 1–4,096 bytes.
+    /// 1–10,000 device tokens, each 1–4,096 bytes. A Web Push subscription is its
+    /// compact JSON text (see [`Subscription`]).
     pub devices: Vec<String>,
-    /// A JSON object of at most 4 KiB, exactly as the producer wrote it.
+    /// A JSON object (or, for Web Push, a string) of at most [`MAX_PAYLOAD_BYTES`],
+    /// exactly as the producer wrote it.
     pub payload: Box<RawValue>,
     /// The provider the job names (`None`: `sender.default_provider`).
     pub provider: Option<String>,
@@ -158,7 +174,7 @@ pub fn decode(value: &[u8]) -> Result<Job, JobError> {
 
     let mut slot = None;
     let mut de = serde_json::Deserializer::from_str(text);
-    let parsed = JobSeed { slot: &mut slot }
+    let parsed = decode::JobSeed { slot: &mut slot }
         .deserialize(&mut de)
         .and_then(|job| de.end().map(|()| job));
     match parsed {
@@ -247,16 +263,46 @@ impl Job {
             out.extend_from_slice(algorithm.as_str().as_bytes());
             out.push(b'"');
         }
+        self.write_options(out);
         out.extend_from_slice(b",\"devices\":[");
         for (i, token) in self.devices.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
-            write_json_str(out, token);
+            // A subscription in its stored form goes back as the object it came from.
+            if Subscription::parse(token).is_some() {
+                out.extend_from_slice(token.as_bytes());
+            } else {
+                write_json_str(out, token);
+            }
         }
         out.extend_from_slice(b"],\"payload\":");
         out.extend_from_slice(self.payload.get().as_bytes());
         out.push(b'}');
+    }
+
+    fn write_options(&self, out: &mut Vec<u8>) {
+        if let Some(p) = &self.provider {
+            out.extend_from_slice(b",\"provider\":");
+            write_json_str(out, p);
+        }
+        let o = &self.options;
+        if let Some(p) = o.priority {
+            let _ = write!(out, ",\"priority\":\"{}\"", p.as_str());
+        }
+        if let Some(c) = &o.collapse_id {
+            out.extend_from_slice(b",\"collapse_id\":");
+            write_json_str(out, c);
+        }
+        if let Some(e) = o.expiration {
+            let _ = write!(out, ",\"expiration\":{e}");
+        }
+        if let Some(t) = o.ttl_s {
+            let _ = write!(out, ",\"ttl_s\":{t}");
+        }
+        if let Some(t) = o.push_type {
+            let _ = write!(out, ",\"push_type\":\"{}\"", t.as_str());
+        }
     }
 }
 
@@ -271,16 +317,6 @@ pub fn unknown_provider<'a>(name: &str, known: impl Iterator<Item = &'a str>) ->
             known.join(", ")
         ),
     )
-}
-
-/// Checks a job against the rules of the provider it goes to (docs/JOB_FORMAT.md).
-pub fn check_for_provider(
-    _job: &Job,
-    _kind: crate::provider::ProviderKind,
-) -> Result<(), JobError> {
-    // The per-provider rules (payload sizes, FCM data values, Web Push subscriptions,
-    // collapse ids) are being written for issue 20.
-    Ok(())
 }
 
 /// Appends `s` as a JSON string literal, escaped by serde_json.
@@ -301,7 +337,7 @@ fn json_type_name(v: &serde_json::Value) -> &'static str {
 }
 
 /// A short, escaped echo of a user value: safe to store and to print.
-fn echo(s: &str) -> String {
+pub(crate) fn echo(s: &str) -> String {
     let n = s.chars().count();
     if n <= MAX_ECHO_CHARS {
         format!("{s:?}")
@@ -357,50 +393,29 @@ pub fn check_id(field: &'static str, id: &str) -> Result<(), JobError> {
     Ok(())
 }
 
-fn check_token(index: usize, token: &str) -> Result<(), JobError> {
-    if token.is_empty() || token.len() > MAX_DEVICE_TOKEN_BYTES {
-        return Err(JobError::field_problem(
-            format!("devices[{index}]"),
-            format!(
-                "must be 1–{MAX_DEVICE_TOKEN_BYTES} bytes, got {}",
-                token.len()
-            ),
-        ));
+/// The JSON type of a raw value, from its first byte.
+fn raw_type_name(raw: &str) -> &'static str {
+    match raw.as_bytes().first() {
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
     }
-    // No provider issues a token with control characters; a NUL or newline is a
-    // producer's bug, and would break the provider's request or our own records.
-    if let Some(at) = token.bytes().position(|b| b.is_ascii_control()) {
-        return Err(JobError::field_problem(
-            format!("devices[{index}]"),
-            format!(
-                "must not contain control characters (byte 0x{:02x} at {at})",
-                token.as_bytes()[at]
-            ),
-        ));
-    }
-    Ok(())
 }
 
-fn devices_count_error(n: usize) -> JobError {
-    JobError::field_problem(
-        "devices",
-        format!("must hold 1–{MAX_DEVICES} device tokens, got {n}"),
-    )
-}
-
-fn check_payload(payload: &RawValue) -> Result<(), JobError> {
+/// The decoder's payload rule, for every provider: a JSON object, or a string (Web Push
+/// plaintext; the other providers refuse it at intake), of at most [`MAX_PAYLOAD_BYTES`].
+pub(crate) fn check_payload(payload: &RawValue) -> Result<(), JobError> {
     let raw = payload.get();
-    if !raw.starts_with('{') {
-        let kind = match raw.as_bytes().first() {
-            Some(b'[') => "an array",
-            Some(b'"') => "a string",
-            Some(b't' | b'f') => "a boolean",
-            Some(b'n') => "null",
-            _ => "a number",
-        };
+    if !(raw.starts_with('{') || raw.starts_with('"')) {
         return Err(JobError::field_problem(
             "payload",
-            format!("must be a JSON object, got {kind}"),
+            format!(
+                "must be a JSON object (or, for Web Push, a string), got {}",
+                raw_type_name(raw)
+            ),
         ));
     }
     if raw.len() > MAX_PAYLOAD_BYTES {
@@ -463,354 +478,5 @@ impl<'de> Deserialize<'de> for StrictJson {
             }
         }
         d.deserialize_any(V)
-    }
-}
-
-fn rate_problem(e: &RateError) -> String {
-    match e {
-        RateError::NotFinite(v) => format!("must be a finite number, got {v}"),
-        RateError::NotPositive(v) => format!("must be greater than 0 sends per second, got {v}"),
-        RateError::TooLow(v) => format!(
-            "must be at least {} sends per second (one every 1000 s), got {v}",
-            crate::limiter::rate::MIN_RATE_PER_SECOND
-        ),
-        RateError::TooHigh(v) => format!(
-            "must be at most {} sends per second, got {v}",
-            crate::limiter::MAX_RATE_PER_SECOND
-        ),
-    }
-}
-
-/// Records `problem` for `field` (unless a deeper error is already recorded) and returns
-/// the serde error that unwinds the parse. The structured error travels in the slot
-/// because serde errors carry only text.
-fn fail<E: de::Error>(
-    slot: &mut Option<JobError>,
-    field: impl FnOnce() -> String,
-    problem: impl FnOnce() -> String,
-) -> E {
-    if slot.is_none() {
-        *slot = Some(JobError::field_problem(field(), problem()));
-    }
-    E::custom("invalid job")
-}
-
-/// Like [`fail`] for an error raised by serde itself (a wrong type), keeping its text.
-fn wrap<E: de::Error + fmt::Display>(
-    slot: &mut Option<JobError>,
-    field: impl FnOnce() -> String,
-    e: E,
-) -> E {
-    if slot.is_none() {
-        *slot = Some(JobError::field_problem(field(), e.to_string()));
-    }
-    e
-}
-
-enum Field {
-    JobId,
-    CampaignId,
-    SendRate,
-    Algorithm,
-    Devices,
-    Payload,
-    Other,
-}
-
-impl<'de> Deserialize<'de> for Field {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct FieldVisitor;
-        impl Visitor<'_> for FieldVisitor {
-            type Value = Field;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a field name")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Field, E> {
-                Ok(match v {
-                    "job_id" => Field::JobId,
-                    "campaign_id" => Field::CampaignId,
-                    "send_rate" => Field::SendRate,
-                    "algorithm" => Field::Algorithm,
-                    "devices" => Field::Devices,
-                    "payload" => Field::Payload,
-                    _ => Field::Other,
-                })
-            }
-        }
-        d.deserialize_identifier(FieldVisitor)
-    }
-}
-
-impl Field {
-    fn name(&self) -> &'static str {
-        match self {
-            Field::JobId => "job_id",
-            Field::CampaignId => "campaign_id",
-            Field::SendRate => "send_rate",
-            Field::Algorithm => "algorithm",
-            Field::Devices => "devices",
-            Field::Payload => "payload",
-            Field::Other => "",
-        }
-    }
-}
-
-struct JobSeed<'s> {
-    slot: &'s mut Option<JobError>,
-}
-
-impl<'de> DeserializeSeed<'de> for JobSeed<'_> {
-    type Value = Job;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Job, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for JobSeed<'_> {
-    type Value = Job;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a job object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Job, A::Error> {
-        let slot = self.slot;
-        let mut job_id: Option<String> = None;
-        let mut campaign_id: Option<String> = None;
-        let mut send_rate: Option<Option<Rate>> = None;
-        let mut algorithm: Option<Option<Algorithm>> = None;
-        let mut devices: Option<Vec<String>> = None;
-        let mut payload: Option<Box<RawValue>> = None;
-
-        while let Some(field) = map.next_key::<Field>()? {
-            let name = field.name();
-            let seen = match field {
-                Field::JobId => job_id.is_some(),
-                Field::CampaignId => campaign_id.is_some(),
-                Field::SendRate => send_rate.is_some(),
-                Field::Algorithm => algorithm.is_some(),
-                Field::Devices => devices.is_some(),
-                Field::Payload => payload.is_some(),
-                Field::Other => false,
-            };
-            if seen {
-                // Two values for one field could be read differently by other parsers.
-                return Err(fail(
-                    slot,
-                    || name.into(),
-                    || "appears more than once".into(),
-                ));
-            }
-            match field {
-                Field::JobId | Field::CampaignId => {
-                    let id: String = map
-                        .next_value()
-                        .map_err(|e| wrap(slot, || name.into(), e))?;
-                    check_id(name, &id)
-                        .map_err(|e| fail(slot, || name.into(), || problem_of(e)))?;
-                    if matches!(field, Field::JobId) {
-                        job_id = Some(id);
-                    } else {
-                        campaign_id = Some(id);
-                    }
-                }
-                Field::SendRate => {
-                    let v: Option<RateNumber> = map
-                        .next_value()
-                        .map_err(|e| wrap(slot, || name.into(), e))?;
-                    let rate = match v {
-                        None => None,
-                        Some(RateNumber(n)) => Some(
-                            Rate::per_second(n)
-                                .map_err(|e| fail(slot, || name.into(), || rate_problem(&e)))?,
-                        ),
-                    };
-                    send_rate = Some(rate);
-                }
-                Field::Algorithm => {
-                    let v: Option<AlgorithmName> = map
-                        .next_value()
-                        .map_err(|e| wrap(slot, || name.into(), e))?;
-                    algorithm = Some(v.map(|a| a.0));
-                }
-                Field::Devices => {
-                    let list = map
-                        .next_value_seed(DevicesSeed { slot: &mut *slot })
-                        .map_err(|e| wrap(slot, || name.into(), e))?;
-                    devices = Some(list);
-                }
-                Field::Payload => {
-                    let raw: &'de RawValue = map
-                        .next_value()
-                        .map_err(|e| wrap(slot, || name.into(), e))?;
-                    check_payload(raw).map_err(|e| fail(slot, || name.into(), || problem_of(e)))?;
-                    payload = Some(raw.to_owned());
-                }
-                Field::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-
-        let mut missing = |name: &'static str, what: &'static str| -> A::Error {
-            fail(
-                slot,
-                || name.into(),
-                || format!("missing; required: {what}"),
-            )
-        };
-        let Some(job_id) = job_id else {
-            return Err(missing(
-                "job_id",
-                "a string of 1–128 characters from [A-Za-z0-9._:-]",
-            ));
-        };
-        let Some(campaign_id) = campaign_id else {
-            return Err(missing(
-                "campaign_id",
-                "a string of 1–128 characters from [A-Za-z0-9._:-]",
-            ));
-        };
-        let Some(devices) = devices else {
-            return Err(missing(
-                "devices",
-                "an array of 1–10000 device token strings",
-            ));
-        };
-        let Some(payload) = payload else {
-            return Err(missing("payload", "a JSON object of at most 4096 bytes"));
-        };
-        Ok(Job {
-            job_id,
-            campaign_id,
-            send_rate: send_rate.flatten(),
-            algorithm: algorithm.flatten(),
-            devices,
-            payload,
-            provider: None,
-            provider_slot: 0,
-            options: PushOptions::default(),
-        })
-    }
-}
-
-fn problem_of(e: JobError) -> String {
-    match e {
-        JobError::Field { problem, .. } => problem,
-        other => other.to_string(),
-    }
-}
-
-/// A send rate as written: any JSON number.
-struct RateNumber(f64);
-
-impl<'de> Deserialize<'de> for RateNumber {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = RateNumber;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a number of sends per second")
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RateNumber, E> {
-                Ok(RateNumber(v))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RateNumber, E> {
-                Ok(RateNumber(v as f64))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RateNumber, E> {
-                Ok(RateNumber(v as f64))
-            }
-        }
-        d.deserialize_f64(V)
-    }
-}
-
-/// An algorithm name, parsed without allocating.
-struct AlgorithmName(Algorithm);
-
-impl<'de> Deserialize<'de> for AlgorithmName {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = AlgorithmName;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an algorithm name")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<AlgorithmName, E> {
-                v.parse()
-                    .map(AlgorithmName)
-                    .map_err(|_| {
-                        E::custom(format_args!(
-                            "unknown algorithm {}; expected one of leaky-bucket, token-bucket, fixed-window, sliding-log, sliding-window, gcra, governor",
-                            echo(v)
-                        ))
-                    })
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-struct DevicesSeed<'s> {
-    slot: &'s mut Option<JobError>,
-}
-
-impl<'de> DeserializeSeed<'de> for DevicesSeed<'_> {
-    type Value = Vec<String>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Vec<String>, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DevicesSeed<'_> {
-    type Value = Vec<String>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of device token strings")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
-        let slot = self.slot;
-        let mut out: Vec<String> =
-            Vec::with_capacity(seq.size_hint().unwrap_or(16).min(MAX_DEVICES));
-        loop {
-            if out.len() == MAX_DEVICES {
-                // Count the rest without keeping it, so the reason gives the real size.
-                let mut extra = 0usize;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    extra += 1;
-                }
-                if extra > 0 {
-                    let n = MAX_DEVICES + extra;
-                    return Err(fail(
-                        slot,
-                        || "devices".into(),
-                        || problem_of(devices_count_error(n)),
-                    ));
-                }
-                break;
-            }
-            let i = out.len();
-            match seq
-                .next_element::<String>()
-                .map_err(|e| wrap(slot, || format!("devices[{i}]"), e))?
-            {
-                Some(token) => {
-                    check_token(i, &token)
-                        .map_err(|e| fail(slot, || format!("devices[{i}]"), || problem_of(e)))?;
-                    out.push(token);
-                }
-                None => break,
-            }
-        }
-        if out.is_empty() {
-            return Err(fail(
-                slot,
-                || "devices".into(),
-                || problem_of(devices_count_error(0)),
-            ));
-        }
-        Ok(out)
     }
 }

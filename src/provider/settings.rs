@@ -1,11 +1,87 @@
 //! Provider settings: the `[providers.<name>]` sections of the configuration, checked
-//! into one typed spec per kind. Key files are read here, once, at start; secrets are
-//! [`SecretString`]s and never printed.
+//! into one typed spec per kind (by `crate::config::providers`, which reads the key
+//! files once, at start). Secrets are [`SecretString`]s, and every `Debug` here is
+//! written by hand so that none is ever printed (`pushpace config` prints `Debug`).
 
+use super::ProviderKind;
 use crate::limiter::Rate;
 use secrecy::SecretString;
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// What `Debug` shows in place of a secret.
+const HIDDEN: &str = "[hidden]";
+
+/// One configured provider: its name (what jobs give as `"provider"`) and its spec.
+#[derive(Debug, Clone)]
+pub struct NamedProvider {
+    pub name: String,
+    pub spec: ProviderSpec,
+}
+
+/// A provider's checked settings, by kind.
+#[derive(Debug, Clone)]
+pub enum ProviderSpec {
+    Apns(ApnsSpec),
+    Fcm(FcmSpec),
+    WebPush(WebPushSpec),
+    Webhook(WebhookSpec),
+    /// Sends nothing (`[sender] kind = "null"`: benchmarks).
+    Null,
+}
+
+impl ProviderSpec {
+    pub fn kind(&self) -> ProviderKind {
+        match self {
+            ProviderSpec::Apns(_) => ProviderKind::Apns,
+            ProviderSpec::Fcm(_) => ProviderKind::Fcm,
+            ProviderSpec::WebPush(_) => ProviderKind::WebPush,
+            ProviderSpec::Webhook(_) => ProviderKind::Webhook,
+            ProviderSpec::Null => ProviderKind::Null,
+        }
+    }
+
+    /// The settings every kind has (`None` for the null provider).
+    pub fn common(&self) -> Option<&CommonSpec> {
+        match self {
+            ProviderSpec::Apns(s) => Some(&s.common),
+            ProviderSpec::Fcm(s) => Some(&s.common),
+            ProviderSpec::WebPush(s) => Some(&s.common),
+            ProviderSpec::Webhook(s) => Some(&s.common),
+            ProviderSpec::Null => None,
+        }
+    }
+}
+
+/// `kind = "webhook"` (and the implicit `webhook` of `[sender]`): the generic JSON POST
+/// of [`crate::sender::HttpSender`].
+#[derive(Clone)]
+pub struct WebhookSpec {
+    pub name: String,
+    /// `http://` or `https://`; may hold a user and password (shown redacted).
+    pub url: String,
+    /// Speak HTTP/2 without negotiation (h2c) to a plain-text endpoint.
+    pub http2_prior_knowledge: bool,
+    /// h2c connections.
+    pub http2_connections: usize,
+    /// The HTTP/1.1 client for an `http://` URL.
+    pub http1_client: crate::sender::Http1Client,
+    pub common: CommonSpec,
+}
+
+impl fmt::Debug for WebhookSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookSpec")
+            .field("name", &self.name)
+            .field("url", &crate::config::redact_url(&self.url))
+            .field("http2_prior_knowledge", &self.http2_prior_knowledge)
+            .field("http2_connections", &self.http2_connections)
+            .field("http1_client", &self.http1_client)
+            .field("common", &self.common)
+            .finish()
+    }
+}
 
 /// Settings every kind has.
 #[derive(Clone)]
@@ -20,6 +96,18 @@ pub struct CommonSpec {
     pub timeout: Duration,
     /// Sends in flight through this provider, at most.
     pub max_in_flight: usize,
+}
+
+impl fmt::Debug for CommonSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CommonSpec")
+            .field("ca_file", &self.ca_file)
+            .field("ca_pem_bytes", &self.ca_pem.as_ref().map(Vec::len))
+            .field("max_rate", &self.max_rate.map(|r| r.as_f64()))
+            .field("timeout", &self.timeout)
+            .field("max_in_flight", &self.max_in_flight)
+            .finish()
+    }
 }
 
 /// APNs environment.
@@ -86,4 +174,46 @@ pub struct WebPushSpec {
     /// VAPID JWT lifetime (at most 24 h).
     pub vapid_lifetime: Duration,
     pub common: CommonSpec,
+}
+
+impl fmt::Debug for ApnsSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApnsSpec")
+            .field("name", &self.name)
+            .field("team_id", &self.team_id)
+            .field("key_id", &self.key_id)
+            .field("key_pem", &HIDDEN)
+            .field("topic", &self.topic)
+            .field("environment", &self.environment)
+            .field("endpoint", &self.endpoint)
+            .field("connections", &self.connections)
+            .field("token_refresh", &self.token_refresh)
+            .field("common", &self.common)
+            .finish()
+    }
+}
+
+impl fmt::Debug for FcmSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FcmSpec")
+            .field("name", &self.name)
+            .field("service_account", &HIDDEN)
+            .field("endpoint", &self.endpoint)
+            .field("connections", &self.connections)
+            .field("token_refresh_margin", &self.token_refresh_margin)
+            .field("common", &self.common)
+            .finish()
+    }
+}
+
+impl fmt::Debug for WebPushSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebPushSpec")
+            .field("name", &self.name)
+            .field("vapid_key_pem", &HIDDEN)
+            .field("vapid_subject", &self.vapid_subject)
+            .field("vapid_lifetime", &self.vapid_lifetime)
+            .field("common", &self.common)
+            .finish()
+    }
 }

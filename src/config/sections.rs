@@ -1,0 +1,475 @@
+//! The plain sections of the settings: `[kafka]`, `[database]`, `[worker]`, `[limiter]`,
+//! `[redis]`, `[hygiene]`, `[capping]`, `[http]`, and [`redact_url`] for what is shown.
+
+use super::by_name;
+use crate::limiter::{Algorithm, Rate};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// `[hygiene]`: the Bloom filter in front of `invalid_tokens` (see `crate::hygiene`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HygieneSettings {
+    /// Skip tokens recorded invalid; record tokens answered 410.
+    pub enabled: bool,
+    /// Invalid tokens the filter is sized for.
+    pub expected_tokens: u64,
+    /// The filter's false-positive rate at `expected_tokens`.
+    pub false_positive_rate: f64,
+    /// How often the filter re-reads rows other workers added.
+    pub reload_ms: u64,
+}
+
+impl Default for HygieneSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            expected_tokens: 10_000_000,
+            false_positive_rate: 0.01,
+            reload_ms: 5000,
+        }
+    }
+}
+
+/// `capping.scope`: where the frequency cap decides, and what it guarantees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CappingScope {
+    /// Per worker, in the scheduler: over the cap always skipped, under it skipped one
+    /// send early with probability about 4e-6 (see `crate::capping`).
+    Local,
+    /// Shared by all workers through Redis (`[redis]` url, key_prefix), decided per job
+    /// at intake: exact in both directions (see `crate::capping::shared`).
+    Redis,
+}
+
+/// `[capping]`: an optional per-device frequency cap (see `crate::capping`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CappingSettings {
+    pub enabled: bool,
+    /// At most this many sends per device per window (1–254).
+    pub max_per_device: u32,
+    /// The window, in seconds.
+    pub window: u64,
+    /// Distinct devices expected per window: sizes the sketches (local scope only).
+    pub expected_devices: u64,
+    #[serde(deserialize_with = "by_name")]
+    pub scope: CappingScope,
+}
+
+impl Default for CappingSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_per_device: 3,
+            window: 3600,
+            expected_devices: 10_000_000,
+            scope: CappingScope::Local,
+        }
+    }
+}
+
+impl CappingSettings {
+    pub fn cap_config(&self) -> crate::capping::CapConfig {
+        crate::capping::CapConfig {
+            max_per_device: self.max_per_device,
+            window: self.window.saturating_mul(crate::limiter::NANOS_PER_SEC),
+            expected_devices: self.expected_devices,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IsolationLevel {
+    ReadCommitted,
+    ReadUncommitted,
+}
+
+impl IsolationLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IsolationLevel::ReadCommitted => "read_committed",
+            IsolationLevel::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
+/// How the consumer group spreads partitions (librdkafka's
+/// `partition.assignment.strategy`). Every member of a group must use the same kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AssignmentStrategy {
+    /// Eager: every rebalance revokes every member's partitions, then assigns them all.
+    Range,
+    /// Eager, round-robin over the members (librdkafka's name, as documented).
+    #[serde(rename = "roundrobin")]
+    RoundRobin,
+    /// Incremental: a rebalance revokes only the partitions that move, so the members
+    /// that keep theirs go on sending through it.
+    CooperativeSticky,
+}
+
+impl AssignmentStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AssignmentStrategy::Range => "range",
+            AssignmentStrategy::RoundRobin => "roundrobin",
+            AssignmentStrategy::CooperativeSticky => "cooperative-sticky",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// `host:port[,host:port…]`, or `embedded` for librdkafka's in-process mock cluster.
+    pub brokers: String,
+    pub topic: String,
+    pub group_id: String,
+    pub dead_letter_topic: String,
+    pub partitions: i32,
+    #[serde(deserialize_with = "by_name")]
+    pub isolation_level: IsolationLevel,
+    pub commit_interval_ms: u64,
+    pub session_timeout_ms: u64,
+    /// librdkafka's `fetch.wait.max.ms`: how long the broker may hold a fetch that has
+    /// too little data.
+    pub fetch_wait_max_ms: u64,
+    #[serde(deserialize_with = "by_name")]
+    pub assignment_strategy: AssignmentStrategy,
+}
+
+impl KafkaSettings {
+    pub fn is_embedded(&self) -> bool {
+        self.brokers == "embedded"
+    }
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub url: SecretString,
+    pub max_connections: u32,
+    pub connect_timeout_ms: u64,
+}
+
+impl DatabaseSettings {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// The URL with any password replaced, for logs and messages.
+    pub fn url_for_display(&self) -> String {
+        redact_url(self.url.expose_secret())
+    }
+
+    /// Removes the query parameters the PostgreSQL driver (sqlx) does not understand
+    /// (`sslpassword`, `passfile`, …): it would ignore them anyway, but it logs each one
+    /// with its value, which may be a secret. Their names alone are logged here.
+    pub(super) fn drop_unsupported_params(&mut self) {
+        let Ok(mut u) = url::Url::parse(self.url.expose_secret()) else {
+            return;
+        };
+        if u.query().is_none() {
+            return;
+        }
+        let (kept, dropped): (Vec<_>, Vec<_>) = u
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .partition(|(k, _)| PG_PARAMS.contains(&k.as_str()) || k.starts_with("options["));
+        if dropped.is_empty() {
+            return;
+        }
+        let names: Vec<&str> = dropped.iter().map(|(k, _)| k.as_str()).collect();
+        tracing::warn!(
+            parameters = %names.join(", "),
+            "database.url: ignoring query parameters the PostgreSQL driver does not support"
+        );
+        if kept.is_empty() {
+            u.set_query(None);
+        } else {
+            u.query_pairs_mut().clear().extend_pairs(kept);
+        }
+        self.url = SecretString::from(u.to_string());
+    }
+}
+
+/// The query parameters sqlx's PostgreSQL driver reads (besides `options[…]`).
+const PG_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &self.url_for_display())
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .finish()
+    }
+}
+
+/// Query parameters whose value is a secret or names where one is kept (libpq's
+/// `password`, `sslpassword`, `passfile`, `sslkey`; common token names), compared
+/// without case.
+const SECRET_PARAMS: &[&str] = &[
+    "password",
+    "pass",
+    "pwd",
+    "sslpassword",
+    "passfile",
+    "sslkey",
+    "secret",
+    "token",
+    "access_token",
+    "auth",
+    "key",
+    "apikey",
+    "api_key",
+];
+
+/// Replaces the password of a URL, and the value of every query parameter that may hold
+/// a secret, with `***`, for logs, messages and `Debug`; unparsable input is hidden whole.
+pub fn redact_url(raw: &str) -> String {
+    let Ok(mut u) = url::Url::parse(raw) else {
+        return "<unparsable url>".to_string();
+    };
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
+    }
+    if u.query().is_some() {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let secret = SECRET_PARAMS.iter().any(|s| k.eq_ignore_ascii_case(s));
+                let v = if secret { "***".into() } else { v.into_owned() };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    if u.fragment().is_some() {
+        u.set_fragment(Some("***"));
+    }
+    u.to_string()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    pub max_active_campaigns: usize,
+    pub quantum_min_ms: u64,
+    pub quantum_max_ms: u64,
+    pub stats_flush_ms: u64,
+    pub drain_timeout_ms: u64,
+    pub max_buffered_jobs: usize,
+    pub max_buffered_devices: usize,
+    /// Each campaign holds about this much of its sends in memory; later jobs are parked.
+    pub lookahead_ms: u64,
+    /// Parked jobs (offsets only) before partitions are paused.
+    pub max_parked_jobs: usize,
+    /// Raw bytes of parked jobs kept in memory (beyond, they are re-read from Kafka).
+    pub max_parked_bytes: usize,
+    /// Dead letters, invalid tokens and offset records queued for their write at most;
+    /// beyond, reading and sending wait for the database.
+    pub outcome_queue: usize,
+    /// A campaign with no job for this long is forgotten by the worker's maps.
+    pub forget_idle_after_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimiterSettings {
+    #[serde(deserialize_with = "by_name")]
+    pub algorithm: Algorithm,
+    pub burst: u32,
+    /// The rate of a campaign whose first job names none.
+    pub send_rate: f64,
+    /// A cap over all campaigns of this worker; 0 disables it.
+    pub global_rate: f64,
+    /// Where a campaign's rate is enforced: this process alone, or shared through Redis.
+    #[serde(deserialize_with = "by_name")]
+    pub scope: LimiterScope,
+    /// Workers sharing a campaign, for lease sizes and the Redis-down fallback rate.
+    pub workers_estimate: u32,
+}
+
+/// `limiter.scope`: `local` (each worker applies the full rate) or `redis` (the workers
+/// of a consumer group share it; see `crate::distributed`). The default for every
+/// campaign; a campaign's own `limiter_scope` (stored, set through the API) wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimiterScope {
+    Local,
+    Redis,
+}
+
+impl LimiterScope {
+    pub const ALL: [LimiterScope; 2] = [LimiterScope::Local, LimiterScope::Redis];
+
+    /// The name used in config, the API and the `campaigns.limiter_scope` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimiterScope::Local => "local",
+            LimiterScope::Redis => "redis",
+        }
+    }
+}
+
+impl std::fmt::Display for LimiterScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A limiter scope name that pushpace does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown limiter scope {0:?}; expected local or redis")]
+pub struct UnknownScope(pub String);
+
+impl std::str::FromStr for LimiterScope {
+    type Err = UnknownScope;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        LimiterScope::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| UnknownScope(s.to_string()))
+    }
+}
+
+/// `redis.algorithm`: how the shared limit is kept in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RedisAlgorithm {
+    /// GCRA in a Lua script: leases are exact time slots of the campaign's schedule.
+    RedisGcra,
+    /// Criteo's approximation: per-window counters weighted by the previous window.
+    RedisSlidingWindow,
+}
+
+/// `[redis]`: the store behind `limiter.scope = "redis"`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: SecretString,
+    pub connect_timeout_ms: u64,
+    #[serde(deserialize_with = "by_name")]
+    pub algorithm: RedisAlgorithm,
+    /// The slice a lease covers: each lease holds about rate × slice / workers permits.
+    pub lease_ms: u64,
+    /// Prefix of every key pushpace writes.
+    pub key_prefix: String,
+}
+
+impl RedisSettings {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(self.url.expose_secret()))
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("algorithm", &self.algorithm)
+            .field("lease_ms", &self.lease_ms)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
+impl LimiterSettings {
+    pub fn default_rate(&self) -> Rate {
+        // Validated in `Settings::validate`, so this cannot fail afterwards.
+        Rate::per_second(self.send_rate).unwrap_or_else(|_| unreachable_rate())
+    }
+
+    pub fn global_rate(&self) -> Option<Rate> {
+        (self.global_rate > 0.0)
+            .then(|| Rate::per_second(self.global_rate).unwrap_or_else(|_| unreachable_rate()))
+    }
+}
+
+fn unreachable_rate() -> Rate {
+    // Only reachable if a caller built LimiterSettings by hand without validating.
+    Rate::per_second(1.0).expect("1/s is a valid rate")
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub bind: SocketAddr,
+    /// Empty means "not configured": mutating endpoints and dead letters are then refused.
+    pub admin_token: SecretString,
+    /// Host header values accepted besides the bound address (`127.0.0.1:PORT`,
+    /// `localhost:PORT`, `[::1]:PORT`): `name` (any port) or `name:port`. In a file a
+    /// list; in `PUSHPACE__HTTP__ALLOWED_HOSTS` or `--set`, comma-separated.
+    #[serde(default, deserialize_with = "host_list")]
+    pub allowed_hosts: Vec<String>,
+}
+
+/// A list of hosts, from a TOML array or a comma-separated string (environment, flags).
+fn host_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Hosts {
+        List(Vec<String>),
+        Text(String),
+    }
+    let list = match Hosts::deserialize(d)? {
+        Hosts::List(l) => l,
+        Hosts::Text(t) => t.split(',').map(str::to_string).collect(),
+    };
+    Ok(list
+        .into_iter()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .collect())
+}
+
+impl HttpSettings {
+    pub fn admin_token(&self) -> Option<&str> {
+        let t = self.admin_token.expose_secret();
+        (!t.is_empty()).then_some(t)
+    }
+}
+
+impl std::fmt::Debug for HttpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpSettings")
+            .field("bind", &self.bind)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field(
+                "admin_token",
+                &if self.admin_token().is_some() {
+                    "[set]"
+                } else {
+                    "[not set]"
+                },
+            )
+            .finish()
+    }
+}

@@ -1,0 +1,215 @@
+//! [`Settings::validate`]: every check that a value's type alone cannot make, each
+//! error naming its key.
+
+use super::{invalid, ConfigError, SenderKind, Settings};
+use crate::limiter::Rate;
+use secrecy::ExposeSecret;
+
+impl Settings {
+    /// Checks every value that its type alone cannot guarantee.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_kafka_database()?;
+        self.validate_worker()?;
+        self.validate_limiter_redis()?;
+        self.validate_rest()
+    }
+
+    /// `[kafka]` and `[database]`.
+    fn validate_kafka_database(&self) -> Result<(), ConfigError> {
+        let k = &self.kafka;
+        if k.brokers.trim().is_empty() {
+            return Err(invalid("kafka.brokers", "must not be empty"));
+        }
+        if !k.is_embedded() {
+            for b in k.brokers.split(',') {
+                let host = b.trim().rsplit_once(':').map(|(h, _)| h);
+                if !matches!(host, Some(h) if !h.is_empty()) {
+                    return Err(invalid(
+                        "kafka.brokers",
+                        format!("{b:?} is not host:port (or use \"embedded\")"),
+                    ));
+                }
+            }
+        }
+        for (key, v) in [
+            ("kafka.topic", &k.topic),
+            ("kafka.group_id", &k.group_id),
+            ("kafka.dead_letter_topic", &k.dead_letter_topic),
+        ] {
+            if v.trim().is_empty() {
+                return Err(invalid(key, "must not be empty"));
+            }
+        }
+        if k.topic == k.dead_letter_topic {
+            return Err(invalid(
+                "kafka.dead_letter_topic",
+                "must differ from kafka.topic",
+            ));
+        }
+        if !(1..=1024).contains(&k.partitions) {
+            return Err(invalid("kafka.partitions", "must be 1–1024"));
+        }
+        if k.commit_interval_ms == 0 {
+            return Err(invalid("kafka.commit_interval_ms", "must be > 0"));
+        }
+        // A broker that holds every fetch (tansu) holds a new job this long: 5 s at most.
+        if !(1..=5_000).contains(&k.fetch_wait_max_ms) {
+            return Err(invalid("kafka.fetch_wait_max_ms", "must be 1–5000"));
+        }
+        if crate::store::connect_options(self.database.url.expose_secret()).is_err() {
+            return Err(invalid(
+                "database.url",
+                "is not a postgres:// URL (value hidden: it may hold a password)",
+            ));
+        }
+        if self.database.max_connections == 0 {
+            return Err(invalid("database.max_connections", "must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// `[worker]`.
+    fn validate_worker(&self) -> Result<(), ConfigError> {
+        let w = &self.worker;
+        if !(1..=10_000).contains(&w.max_active_campaigns) {
+            return Err(invalid("worker.max_active_campaigns", "must be 1–10000"));
+        }
+        if !(10..=1000).contains(&w.quantum_min_ms) {
+            return Err(invalid("worker.quantum_min_ms", "must be 10–1000"));
+        }
+        if !(w.quantum_min_ms..=1000).contains(&w.quantum_max_ms) {
+            return Err(invalid(
+                "worker.quantum_max_ms",
+                "must be between worker.quantum_min_ms and 1000",
+            ));
+        }
+        if !(10..=60_000).contains(&w.stats_flush_ms) {
+            return Err(invalid("worker.stats_flush_ms", "must be 10–60000"));
+        }
+        if w.max_buffered_jobs == 0 {
+            return Err(invalid("worker.max_buffered_jobs", "must be > 0"));
+        }
+        if w.max_buffered_devices == 0 {
+            return Err(invalid("worker.max_buffered_devices", "must be > 0"));
+        }
+        if !(100..=600_000).contains(&w.lookahead_ms) {
+            return Err(invalid(
+                "worker.lookahead_ms",
+                "must be between 100 and 600000 (10 minutes)",
+            ));
+        }
+        if w.max_parked_jobs == 0 {
+            return Err(invalid("worker.max_parked_jobs", "must be > 0"));
+        }
+        if !(16..=1_048_576).contains(&w.outcome_queue) {
+            return Err(invalid("worker.outcome_queue", "must be 16–1048576"));
+        }
+        // Below a minute, settings would be re-read from the database job after job.
+        if !(60_000..=86_400_000).contains(&w.forget_idle_after_ms) {
+            return Err(invalid(
+                "worker.forget_idle_after_ms",
+                "must be 60000–86400000 (1 minute to 1 day)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[limiter]` and `[redis]`.
+    fn validate_limiter_redis(&self) -> Result<(), ConfigError> {
+        Rate::per_second(self.limiter.send_rate)
+            .map_err(|e| invalid("limiter.send_rate", e.to_string()))?;
+        if self.limiter.global_rate != 0.0 {
+            Rate::per_second(self.limiter.global_rate)
+                .map_err(|e| invalid("limiter.global_rate", format!("{e} (or 0 for none)")))?;
+        }
+        if self.limiter.burst > crate::store::campaigns::MAX_BURST {
+            return Err(invalid(
+                "limiter.burst",
+                format!(
+                    "must be 0 to {}, got {}",
+                    crate::store::campaigns::MAX_BURST,
+                    self.limiter.burst
+                ),
+            ));
+        }
+        if !(1..=10_000).contains(&self.limiter.workers_estimate) {
+            return Err(invalid("limiter.workers_estimate", "must be 1–10000"));
+        }
+        let r = &self.redis;
+        match url::Url::parse(r.url.expose_secret()) {
+            Ok(u) if matches!(u.scheme(), "redis" | "rediss") => {}
+            _ => {
+                return Err(invalid(
+                    "redis.url",
+                    "is not a redis:// URL (value hidden: it may hold a password)",
+                ))
+            }
+        }
+        if r.connect_timeout_ms == 0 {
+            return Err(invalid("redis.connect_timeout_ms", "must be > 0"));
+        }
+        if !(10..=10_000).contains(&r.lease_ms) {
+            return Err(invalid("redis.lease_ms", "must be 10–10000"));
+        }
+        if r.key_prefix.is_empty() {
+            return Err(invalid("redis.key_prefix", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// `[hygiene]`, `[capping]`, `[sender]` and `[http]`.
+    fn validate_rest(&self) -> Result<(), ConfigError> {
+        let h = &self.hygiene;
+        if h.expected_tokens == 0 || h.expected_tokens > 1_000_000_000 {
+            return Err(invalid(
+                "hygiene.expected_tokens",
+                "must be 1–1,000,000,000",
+            ));
+        }
+        if !(h.false_positive_rate > 0.0 && h.false_positive_rate <= 0.5) {
+            return Err(invalid(
+                "hygiene.false_positive_rate",
+                "must be in (0, 0.5]",
+            ));
+        }
+        if h.reload_ms == 0 {
+            return Err(invalid("hygiene.reload_ms", "must be > 0"));
+        }
+        let c = &self.capping;
+        if c.enabled {
+            if let Err(e) = c.cap_config().validate() {
+                return Err(invalid("capping", e.to_string()));
+            }
+        }
+        let s = &self.sender;
+        if s.kind == SenderKind::Http {
+            match url::Url::parse(&s.url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+                _ => return Err(invalid("sender.url", "must be an http:// or https:// URL")),
+            }
+        }
+        if s.timeout_ms == 0 {
+            return Err(invalid("sender.timeout_ms", "must be > 0"));
+        }
+        for host in &self.http.allowed_hosts {
+            crate::api::auth::HostPattern::parse(host)
+                .map_err(|e| invalid("http.allowed_hosts", e))?;
+        }
+        if !(1..=64).contains(&s.http2_connections) {
+            return Err(invalid("sender.http2_connections", "must be 1 to 64"));
+        }
+        if s.max_in_flight == 0 {
+            return Err(invalid("sender.max_in_flight", "must be > 0"));
+        }
+        if s.max_attempts == 0 {
+            return Err(invalid("sender.max_attempts", "must be > 0"));
+        }
+        if s.retry_base_ms == 0 || s.retry_max_ms < s.retry_base_ms {
+            return Err(invalid(
+                "sender.retry_max_ms",
+                "retry_base_ms must be > 0 and retry_max_ms ≥ retry_base_ms",
+            ));
+        }
+        Ok(())
+    }
+}
