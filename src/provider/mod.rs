@@ -71,6 +71,8 @@ pub struct Provider {
     pub kind: ProviderKind,
     /// A cap on the sends of all campaigns using this provider.
     pub max_rate: Option<Rate>,
+    /// Sends in flight through this provider at most (within `sender.max_in_flight`).
+    pub max_in_flight: Option<u32>,
     pub sender: AnySender,
 }
 
@@ -80,6 +82,7 @@ impl std::fmt::Debug for Provider {
             .field("name", &self.name)
             .field("kind", &self.kind)
             .field("max_rate", &self.max_rate)
+            .field("max_in_flight", &self.max_in_flight)
             .finish()
     }
 }
@@ -99,6 +102,7 @@ impl Providers {
                 name: Arc::from(name),
                 kind,
                 max_rate: None,
+                max_in_flight: None,
                 sender,
             }],
             default: 0,

@@ -71,6 +71,7 @@ impl Harness {
                 name: Arc::from("ios"),
                 kind: ProviderKind::Apns,
                 max_rate: None,
+                max_in_flight: None,
                 sender: AnySender::Provider(sender.clone()),
             }],
             "ios",

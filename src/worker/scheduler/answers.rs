@@ -82,6 +82,12 @@ impl Scheduler {
         };
         job.in_flight -= 1;
         let cslot = job.campaign;
+        if let Some(n) = self
+            .provider_in_flight
+            .get_mut(usize::from(job.job.provider_slot))
+        {
+            *n = n.saturating_sub(1);
+        }
         self.in_flight -= 1;
         let c = self.campaigns[cslot as usize]
             .as_mut()

@@ -119,6 +119,7 @@ mod tests {
             name: Arc::from(name),
             kind: ProviderKind::Null,
             max_rate: max_rate.map(|r| Rate::per_second(r).unwrap()),
+            max_in_flight: None,
             sender: AnySender::Null(NullSender),
         }
     }

@@ -392,6 +392,9 @@ pub struct Scheduler {
     providers: Arc<Providers>,
     /// Each provider's `max_rate` cap, by slot.
     provider_caps: Vec<Option<HierarchicalLimiter>>,
+    /// Sends in flight through each provider, and each one's limit, by slot.
+    provider_in_flight: Vec<u32>,
+    provider_max_in_flight: Vec<u32>,
     /// Providers whose configuration was refused, by slot: their campaigns halt.
     provider_halts: Vec<Option<Arc<str>>>,
     halts_total: metrics::Counter,
@@ -449,9 +452,15 @@ impl Scheduler {
             .iter()
             .map(|p| p.max_rate.map(|r| caps::cap_limiter(r, quantum_min)))
             .collect();
+        let provider_max_in_flight = providers
+            .iter()
+            .map(|p| p.max_in_flight.unwrap_or(u32::MAX))
+            .collect();
         Self {
             config,
             provider_caps,
+            provider_in_flight: vec![0; providers.len()],
+            provider_max_in_flight,
             providers,
             provider_halts: Vec::new(),
             halts_total: metrics::counter!("campaign_halts_total"),
@@ -859,7 +868,17 @@ impl Scheduler {
         // Its share of max_in_flight, or more while half the pool sits idle: the share
         // only has to stop one slow campaign from starving the others.
         let cap = share.max(room_total / 2);
-        let mut room = cap.saturating_sub(c.in_flight).min(room_total);
+        let provider = usize::from(c.provider);
+        let provider_room = self
+            .provider_max_in_flight
+            .get(provider)
+            .map_or(u32::MAX, |&max| {
+                max.saturating_sub(self.provider_in_flight[provider])
+            });
+        let mut room = cap
+            .saturating_sub(c.in_flight)
+            .min(room_total)
+            .min(provider_room);
         if !c.confirmed {
             room = room.min(PROBE_IN_FLIGHT.saturating_sub(c.in_flight));
         }
@@ -969,6 +988,9 @@ impl Scheduler {
         }
         let job = self.jobs[jslot as usize].as_mut().expect("dispatched job");
         job.in_flight += 1;
+        if let Some(n) = self.provider_in_flight.get_mut(usize::from(provider)) {
+            *n += 1;
+        }
         let future: SendFuture = self.providers.send(&job.job, device as usize);
         let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
         c.in_flight += 1;

@@ -44,6 +44,7 @@ fn providers() -> Providers {
         name: Arc::from(name),
         kind,
         max_rate: None,
+        max_in_flight: None,
         sender: AnySender::Null(NullSender),
     };
     Providers::new(

@@ -1,0 +1,51 @@
+//! Builds a worker's [`Providers`] from its checked settings: one sender per named
+//! provider, each with its own transport, authentication and caps.
+
+use super::settings::{NamedProvider, ProviderSpec, WebhookSpec};
+use super::{Provider, ProviderError, Providers};
+use crate::config::Settings;
+use crate::sender::{AnySender, HttpSender, HttpSenderConfig, NullSender};
+use std::sync::Arc;
+
+/// Every provider of `settings`, with `sender.default_provider` as the default. Must run
+/// inside a tokio runtime (adapters start their token refreshers).
+pub fn build(settings: &Settings) -> Result<Providers, ProviderError> {
+    let list = settings
+        .providers
+        .iter()
+        .map(build_one)
+        .collect::<Result<Vec<_>, _>>()?;
+    Providers::new(list, &settings.sender.default_provider)
+}
+
+/// One named provider's sender.
+pub fn build_one(p: &NamedProvider) -> Result<Provider, ProviderError> {
+    let sender = match &p.spec {
+        ProviderSpec::Null => AnySender::Null(NullSender),
+        ProviderSpec::Webhook(w) => AnySender::Http(webhook(w)?),
+        ProviderSpec::Apns(s) => AnySender::Provider(Arc::new(super::apns::ApnsSender::new(s)?)),
+        ProviderSpec::Fcm(s) => AnySender::Provider(Arc::new(super::fcm::FcmSender::new(s)?)),
+        ProviderSpec::WebPush(s) => {
+            AnySender::Provider(Arc::new(super::webpush::WebPushSender::new(s)?))
+        }
+    };
+    Ok(Provider {
+        name: Arc::from(p.name.as_str()),
+        kind: p.spec.kind(),
+        max_rate: p.spec.common().and_then(|c| c.max_rate),
+        max_in_flight: p
+            .spec
+            .common()
+            .map(|c| u32::try_from(c.max_in_flight).unwrap_or(u32::MAX)),
+        sender,
+    })
+}
+
+fn webhook(w: &WebhookSpec) -> Result<HttpSender, ProviderError> {
+    let mut c = HttpSenderConfig::new(w.url.clone());
+    c.timeout = w.common.timeout;
+    c.http2_prior_knowledge = w.http2_prior_knowledge;
+    c.http2_connections = w.http2_connections;
+    c.http1_client = w.http1_client;
+    Ok(HttpSender::new(&c)?)
+}
