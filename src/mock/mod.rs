@@ -8,3 +8,4 @@
 
 pub mod h2server;
 pub mod tls;
+pub mod webpush;

@@ -70,11 +70,12 @@ pub struct WebPushMock {
 }
 
 impl WebPushMock {
-    /// Starts a push service on a loopback port with a certificate from `ca`.
-    pub async fn start(ca: &TestCa) -> std::io::Result<Self> {
+    /// Starts a push service on a loopback port with a certificate from `ca` (inside a
+    /// tokio runtime).
+    pub fn start(ca: &TestCa) -> std::io::Result<Self> {
         let state = Arc::new(State::default());
         let handler = Arc::new(PushHandler(Arc::clone(&state)));
-        let server = MockServer::start(ca, handler, Knobs::default()).await?;
+        let server = MockServer::start(ca, handler, Knobs::default())?;
         let _ = state.origin.set(server.url());
         Ok(Self { server, state })
     }
@@ -184,6 +185,13 @@ fn reply(status: u16, message: &str) -> Response<Bytes> {
     response
 }
 
+/// A status and message the mock refuses a request with.
+type Refusal = (u16, String);
+
+fn refuse(status: u16, message: &str) -> Refusal {
+    (status, message.to_string())
+}
+
 impl State {
     fn answer(&self, req: &Request<Bytes>) -> Response<Bytes> {
         let headers = req.headers();
@@ -214,7 +222,8 @@ impl State {
         if let Some(forced) = self.take_forced() {
             let mut r = reply(forced.status, "forced by the test");
             if let Some(secs) = forced.retry_after {
-                r.headers_mut().insert(http::header::RETRY_AFTER, secs.into());
+                r.headers_mut()
+                    .insert(http::header::RETRY_AFTER, secs.into());
             }
             return r;
         }
@@ -226,11 +235,11 @@ impl State {
             Some(s) if s.gone => return reply(410, "subscription expired"),
             Some(_) => {}
         }
-        if let Err(r) = check_headers(req.headers()) {
-            return r;
+        if let Err((status, message)) = check_headers(req.headers()) {
+            return reply(status, &message);
         }
-        if let Err(r) = self.check_vapid(req.headers()) {
-            return r;
+        if let Err((status, message)) = self.check_vapid(req.headers()) {
+            return reply(status, &message);
         }
         let body = req.body();
         if body.len() > MAX_BODY {
@@ -264,28 +273,28 @@ impl State {
 
     /// RFC 8292: the token verifies with `k=`, is for this origin, expires in the future
     /// and at most 24 h ahead, and names a contact.
-    fn check_vapid(&self, headers: &HeaderMap) -> Result<(), Response<Bytes>> {
+    fn check_vapid(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         let auth = header(headers, "authorization")
-            .ok_or_else(|| reply(401, "missing VAPID Authorization"))?;
-        let v = vapid::verify(&auth).map_err(|e| reply(401, &e.to_string()))?;
+            .ok_or_else(|| refuse(401, "missing VAPID Authorization"))?;
+        let v = vapid::verify(&auth).map_err(|e| refuse(401, &e.to_string()))?;
         let origin = self.origin.get().map_or("", String::as_str);
         if v.claims.aud != origin {
-            return Err(reply(401, "VAPID aud is not this push service's origin"));
+            return Err(refuse(401, "VAPID aud is not this push service's origin"));
         }
         let now = vapid::unix_ms() / 1000;
         if v.claims.exp <= now {
-            return Err(reply(401, "VAPID token expired"));
+            return Err(refuse(401, "VAPID token expired"));
         }
         if v.claims.exp > now + vapid::MAX_LIFETIME.as_secs() {
-            return Err(reply(401, "VAPID exp more than 24 h ahead"));
+            return Err(refuse(401, "VAPID exp more than 24 h ahead"));
         }
         let sub = v.claims.sub.as_deref().unwrap_or_default();
         if vapid::check_subject(sub).is_err() {
-            return Err(reply(401, "VAPID sub is not a mailto: or https: contact"));
+            return Err(refuse(401, "VAPID sub is not a mailto: or https: contact"));
         }
         if let Some(expected) = &*self.expected_key.lock() {
             if *expected != v.public_key {
-                return Err(reply(403, "VAPID key differs from the subscription's"));
+                return Err(refuse(403, "VAPID key differs from the subscription's"));
             }
         }
         Ok(())
@@ -293,18 +302,18 @@ impl State {
 }
 
 /// `TTL` (required), `Content-Encoding`, and `Urgency`/`Topic` when present.
-fn check_headers(headers: &HeaderMap) -> Result<(), Response<Bytes>> {
+fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
     match header(headers, "ttl").map(|t| t.parse::<u64>()) {
-        None => return Err(reply(400, "missing TTL")),
-        Some(Err(_)) => return Err(reply(400, "TTL is not a number of seconds")),
+        None => return Err(refuse(400, "missing TTL")),
+        Some(Err(_)) => return Err(refuse(400, "TTL is not a number of seconds")),
         Some(Ok(_)) => {}
     }
     if header(headers, "content-encoding").as_deref() != Some("aes128gcm") {
-        return Err(reply(400, "Content-Encoding must be aes128gcm"));
+        return Err(refuse(400, "Content-Encoding must be aes128gcm"));
     }
     if let Some(u) = header(headers, "urgency") {
         if !matches!(u.as_str(), "very-low" | "low" | "normal" | "high") {
-            return Err(reply(400, "unknown Urgency"));
+            return Err(refuse(400, "unknown Urgency"));
         }
     }
     if let Some(t) = header(headers, "topic") {
@@ -312,7 +321,7 @@ fn check_headers(headers: &HeaderMap) -> Result<(), Response<Bytes>> {
             && t.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !ok {
-            return Err(reply(400, "Topic is not at most 32 base64url characters"));
+            return Err(refuse(400, "Topic is not at most 32 base64url characters"));
         }
     }
     Ok(())

@@ -21,3 +21,4 @@ mod sender;
 mod store;
 mod totals;
 mod watcher;
+mod webpush;

@@ -2,6 +2,7 @@
 //! (`pushpace::mock::webpush`): the mock decrypts each message with the subscription's
 //! own keys, so these tests compare what a browser would read with what the job held.
 
+use p256::pkcs8::{EncodePrivateKey, LineEnding};
 use pushpace::job::{Job, Priority, PushOptions};
 use pushpace::mock::tls::TestCa;
 use pushpace::mock::webpush::WebPushMock;
@@ -9,7 +10,6 @@ use pushpace::provider::settings::{CommonSpec, WebPushSpec};
 use pushpace::provider::webpush::vapid::VapidSigner;
 use pushpace::provider::webpush::{self, WebPushSender, DEFAULT_TTL_S};
 use pushpace::sender::{HaltScope, SendOutcome, Sender};
-use p256::pkcs8::{EncodePrivateKey, LineEnding};
 use secrecy::SecretString;
 use serde_json::value::RawValue;
 use std::sync::Arc;
@@ -60,7 +60,7 @@ struct Setup {
 
 async fn setup(lifetime: Duration) -> Setup {
     let ca = TestCa::new();
-    let mock = WebPushMock::start(&ca).await.expect("mock starts");
+    let mock = WebPushMock::start(&ca).expect("mock starts");
     let sender = WebPushSender::new(&spec(&ca, vapid_key(), lifetime)).expect("sender");
     Setup {
         _ca: ca,
@@ -84,8 +84,14 @@ async fn webpush_delivers_the_plaintext_with_its_headers() {
     let j = job(vec![sub_a, sub_b], r#""Hi \"there\" \u00e9""#, options);
     assert_eq!(s.sender.send(&j, 0).await, SendOutcome::Delivered);
     assert_eq!(s.sender.send(&j, 1).await, SendOutcome::Delivered);
-    assert_eq!(s.mock.received(&id_a), vec!["Hi \"there\" é".as_bytes().to_vec()]);
-    assert_eq!(s.mock.received(&id_b), vec!["Hi \"there\" é".as_bytes().to_vec()]);
+    assert_eq!(
+        s.mock.received(&id_a),
+        vec!["Hi \"there\" é".as_bytes().to_vec()]
+    );
+    assert_eq!(
+        s.mock.received(&id_b),
+        vec!["Hi \"there\" é".as_bytes().to_vec()]
+    );
 
     // An object payload travels as its JSON text; no options: the defaults.
     let (sub_c, id_c) = s.mock.subscribe();
@@ -109,7 +115,13 @@ async fn webpush_delivers_the_plaintext_with_its_headers() {
     let default_ttl = DEFAULT_TTL_S.to_string();
     assert_eq!(seen[2].ttl.as_deref(), Some(default_ttl.as_str()));
     assert_eq!(seen[2].urgency, None);
-    assert_eq!(seen[2].topic, None, "a collapse id over 32 characters is left out");
+    assert_eq!(
+        seen[2].topic, None,
+        "a collapse id over 32 characters is left out"
+    );
+    // One pooled HTTP/2 connection (the mock accepts ALPN h2 only) carried all three.
+    let controls = s.mock.server().controls();
+    assert_eq!((controls.connections(), controls.streams()), (1, 3));
 }
 
 #[tokio::test]
@@ -132,13 +144,22 @@ async fn webpush_gone_and_unknown_subscriptions_are_dead_tokens() {
 async fn webpush_a_vapid_key_the_service_does_not_expect_halts_the_provider() {
     let s = setup(webpush::vapid::DEFAULT_LIFETIME).await;
     // The subscriptions were made with another application server key.
-    let other = VapidSigner::new(&vapid_key(), "mailto:a@b.c", Duration::from_secs(60))
-        .expect("signer");
+    let other =
+        VapidSigner::new(&vapid_key(), "mailto:a@b.c", Duration::from_secs(60)).expect("signer");
     s.mock.expect_vapid_key(other.public_key_b64());
     let (sub, id) = s.mock.subscribe();
-    let out = s.sender.send(&job(vec![sub], "{}", PushOptions::default()), 0).await;
+    let out = s
+        .sender
+        .send(&job(vec![sub], "{}", PushOptions::default()), 0)
+        .await;
     assert!(
-        matches!(out, SendOutcome::Halt { scope: HaltScope::Provider, .. }),
+        matches!(
+            out,
+            SendOutcome::Halt {
+                scope: HaltScope::Provider,
+                ..
+            }
+        ),
         "{out:?}"
     );
     assert!(s.mock.received(&id).is_empty());
@@ -146,7 +167,10 @@ async fn webpush_a_vapid_key_the_service_does_not_expect_halts_the_provider() {
     // With the expected key the same subscription takes it.
     s.mock.expect_vapid_key(s.sender.public_key_b64());
     let (sub, id) = s.mock.subscribe();
-    let out = s.sender.send(&job(vec![sub], "{}", PushOptions::default()), 0).await;
+    let out = s
+        .sender
+        .send(&job(vec![sub], "{}", PushOptions::default()), 0)
+        .await;
     assert_eq!(out, SendOutcome::Delivered);
     assert_eq!(s.mock.received(&id), vec![b"{}".to_vec()]);
 }
@@ -201,7 +225,7 @@ async fn webpush_vapid_token_is_reused_then_resigned() {
 #[tokio::test]
 async fn webpush_mock_is_strict() {
     let ca = TestCa::new();
-    let mock = WebPushMock::start(&ca).await.expect("mock");
+    let mock = WebPushMock::start(&ca).expect("mock");
     let (sub, _) = mock.subscribe();
     let endpoint = serde_json::from_str::<serde_json::Value>(&sub).expect("json")["endpoint"]
         .as_str()
@@ -228,8 +252,21 @@ async fn webpush_mock_is_strict() {
         r.send()
     };
     let status = |r: reqwest::Response| r.status().as_u16();
-    assert_eq!(status(post(good.clone(), false, vec![0; 100]).await.expect("ok")), 400);
-    assert_eq!(status(post(wrong_aud, true, vec![0; 100]).await.expect("ok")), 401);
-    assert_eq!(status(post(good.clone(), true, vec![0; 4097]).await.expect("ok")), 413);
-    assert_eq!(status(post(good, true, vec![0; 100]).await.expect("ok")), 400, "not decryptable");
+    assert_eq!(
+        status(post(good.clone(), false, vec![0; 100]).await.expect("ok")),
+        400
+    );
+    assert_eq!(
+        status(post(wrong_aud, true, vec![0; 100]).await.expect("ok")),
+        401
+    );
+    assert_eq!(
+        status(post(good.clone(), true, vec![0; 4097]).await.expect("ok")),
+        413
+    );
+    assert_eq!(
+        status(post(good, true, vec![0; 100]).await.expect("ok")),
+        400,
+        "not decryptable"
+    );
 }

@@ -124,17 +124,19 @@ impl Inner {
                 return (SendOutcome::Halt { scope, reason }, "payload_too_large");
             }
         };
-        let origin = &sub.endpoint[..url::Position::BeforePath];
+        let authorization = self
+            .vapid
+            .authorization(&sub.endpoint[..url::Position::BeforePath]);
         let mut request = self
             .client
-            .post(sub.endpoint.clone())
+            .post(sub.endpoint)
             .header(TTL.clone(), ttl(&job.options, unix_s()))
             .header(CONTENT_ENCODING, HeaderValue::from_static("aes128gcm"))
             .header(
                 CONTENT_TYPE,
                 HeaderValue::from_static("application/octet-stream"),
             )
-            .header(AUTHORIZATION, self.vapid.authorization(origin));
+            .header(AUTHORIZATION, authorization);
         if let Some(p) = job.options.priority {
             request = request.header(URGENCY.clone(), HeaderValue::from_static(p.as_str()));
         }
