@@ -24,7 +24,7 @@ use std::sync::{Arc, OnceLock};
 pub const MAX_BODY: usize = 4096;
 
 /// One POST as the mock saw it (whatever it answered).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SeenRequest {
     /// The subscription id from the path.
     pub id: String,
@@ -34,6 +34,19 @@ pub struct SeenRequest {
     pub topic: Option<String>,
     /// The VAPID JWT (`t=`), to see when it was re-signed.
     pub vapid_token: Option<String>,
+}
+
+impl std::fmt::Debug for SeenRequest {
+    // The JWT stays out of Debug output, as everywhere.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeenRequest")
+            .field("id", &self.id)
+            .field("status", &self.status)
+            .field("ttl", &self.ttl)
+            .field("urgency", &self.urgency)
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
 }
 
 struct Subscription {
