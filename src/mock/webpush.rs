@@ -1,0 +1,341 @@
+//! A loopback Web Push service, as strict as the real ones: TLS with ALPN h2, one
+//! endpoint per subscription (`https://127.0.0.1:PORT/push/<id>`), and for each POST the
+//! checks a push service makes (known subscription, `TTL`, `Content-Encoding:
+//! aes128gcm`, a VAPID token that verifies, for this origin, not expired and at most
+//! 24 h ahead, with a `mailto:`/`https:` subject). It then decrypts the body with the
+//! subscription's own private key and auth secret (RFC 8291), as the browser would, and
+//! keeps the plaintext, so tests compare what a browser would show with what was sent.
+
+use crate::mock::h2server::{Handler, Knobs, MockServer};
+use crate::mock::tls::TestCa;
+use crate::provider::webpush::subscription::B64URL;
+use crate::provider::webpush::{ece, vapid};
+use aes_gcm::aead::OsRng;
+use base64::Engine;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use p256::elliptic_curve::sec1::ToEncodedPoint;
+use p256::SecretKey;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+/// Largest body a push service takes.
+pub const MAX_BODY: usize = 4096;
+
+/// One POST as the mock saw it (whatever it answered).
+#[derive(Clone)]
+pub struct SeenRequest {
+    /// The subscription id from the path.
+    pub id: String,
+    pub status: u16,
+    pub ttl: Option<String>,
+    pub urgency: Option<String>,
+    pub topic: Option<String>,
+    /// The VAPID JWT (`t=`), to see when it was re-signed.
+    pub vapid_token: Option<String>,
+}
+
+impl std::fmt::Debug for SeenRequest {
+    // The JWT stays out of Debug output, as everywhere.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeenRequest")
+            .field("id", &self.id)
+            .field("status", &self.status)
+            .field("ttl", &self.ttl)
+            .field("urgency", &self.urgency)
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Subscription {
+    secret: SecretKey,
+    auth: [u8; 16],
+    gone: bool,
+    received: Vec<Vec<u8>>,
+}
+
+/// An answer forced on the next requests.
+#[derive(Clone, Copy)]
+struct Forced {
+    status: u16,
+    retry_after: Option<u64>,
+    left: usize,
+}
+
+#[derive(Default)]
+struct State {
+    /// `https://127.0.0.1:PORT`, set once the server listens.
+    origin: OnceLock<String>,
+    subs: Mutex<HashMap<String, Subscription>>,
+    seen: Mutex<Vec<SeenRequest>>,
+    forced: Mutex<Option<Forced>>,
+    /// The VAPID key (`k=`) subscriptions were made with, when one is required.
+    expected_key: Mutex<Option<String>>,
+    next_id: Mutex<u64>,
+}
+
+/// The running mock.
+pub struct WebPushMock {
+    server: MockServer,
+    state: Arc<State>,
+}
+
+impl WebPushMock {
+    /// Starts a push service on a loopback port with a certificate from `ca` (inside a
+    /// tokio runtime).
+    pub fn start(ca: &TestCa) -> std::io::Result<Self> {
+        let state = Arc::new(State::default());
+        let handler = Arc::new(PushHandler(Arc::clone(&state)));
+        let server = MockServer::start(ca, handler, Knobs::default())?;
+        let _ = state.origin.set(server.url());
+        Ok(Self { server, state })
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn origin(&self) -> String {
+        self.server.url()
+    }
+
+    /// The underlying HTTP/2 server (connection and stream counts).
+    pub fn server(&self) -> &MockServer {
+        &self.server
+    }
+
+    /// A new subscription: its JSON (the job's device string) and its id.
+    pub fn subscribe(&self) -> (String, String) {
+        let secret = SecretKey::random(&mut OsRng);
+        let mut auth = [0u8; 16];
+        aes_gcm::aead::rand_core::RngCore::fill_bytes(&mut OsRng, &mut auth);
+        let id = {
+            let mut n = self.state.next_id.lock();
+            *n += 1;
+            format!("s{n}-{:016x}", fastrand::u64(..))
+        };
+        let p256dh = B64URL.encode(secret.public_key().to_encoded_point(false).as_bytes());
+        let json = serde_json::json!({
+            "endpoint": format!("{}/push/{id}", self.origin()),
+            "keys": {"p256dh": p256dh, "auth": B64URL.encode(auth)},
+        })
+        .to_string();
+        let sub = Subscription {
+            secret,
+            auth,
+            gone: false,
+            received: Vec::new(),
+        };
+        self.state.subs.lock().insert(id.clone(), sub);
+        (json, id)
+    }
+
+    /// The browser unsubscribed: its endpoint answers 410 from now on.
+    pub fn unsubscribe(&self, id: &str) {
+        if let Some(s) = self.state.subs.lock().get_mut(id) {
+            s.gone = true;
+        }
+    }
+
+    /// The plaintexts delivered to subscription `id`, in order.
+    pub fn received(&self, id: &str) -> Vec<Vec<u8>> {
+        self.state
+            .subs
+            .lock()
+            .get(id)
+            .map(|s| s.received.clone())
+            .unwrap_or_default()
+    }
+
+    /// Every POST seen, in order.
+    pub fn requests(&self) -> Vec<SeenRequest> {
+        self.state.seen.lock().clone()
+    }
+
+    /// Requires the VAPID key `k=` (base64url) that the subscriptions were made with;
+    /// another key is answered 403, as a push service does for a key mismatch.
+    pub fn expect_vapid_key(&self, key: &str) {
+        *self.state.expected_key.lock() = Some(key.to_string());
+    }
+
+    /// The next `count` requests are answered `status` (429, 503…), with `Retry-After:
+    /// <seconds>` when given, before any other check.
+    pub fn force(&self, status: u16, retry_after: Option<u64>, count: usize) {
+        *self.state.forced.lock() = Some(Forced {
+            status,
+            retry_after,
+            left: count,
+        });
+    }
+
+    pub fn shutdown(&self) {
+        self.server.shutdown();
+    }
+}
+
+struct PushHandler(Arc<State>);
+
+impl Handler for PushHandler {
+    fn handle(
+        &self,
+        req: Request<Bytes>,
+    ) -> impl std::future::Future<Output = Response<Bytes>> + Send {
+        let response = self.0.answer(&req);
+        std::future::ready(response)
+    }
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+fn reply(status: u16, message: &str) -> Response<Bytes> {
+    let body = serde_json::json!({"code": status, "message": message}).to_string();
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    response
+}
+
+/// A status and message the mock refuses a request with.
+type Refusal = (u16, String);
+
+fn refuse(status: u16, message: &str) -> Refusal {
+    (status, message.to_string())
+}
+
+impl State {
+    fn answer(&self, req: &Request<Bytes>) -> Response<Bytes> {
+        let headers = req.headers();
+        let id = req
+            .uri()
+            .path()
+            .strip_prefix("/push/")
+            .unwrap_or_default()
+            .to_string();
+        let token = header(headers, "authorization").and_then(|a| {
+            a.split(',')
+                .find_map(|p| p.trim().trim_start_matches("vapid ").strip_prefix("t="))
+                .map(str::to_string)
+        });
+        let response = self.check_and_deliver(req, &id);
+        self.seen.lock().push(SeenRequest {
+            id,
+            status: response.status().as_u16(),
+            ttl: header(headers, "ttl"),
+            urgency: header(headers, "urgency"),
+            topic: header(headers, "topic"),
+            vapid_token: token,
+        });
+        response
+    }
+
+    fn check_and_deliver(&self, req: &Request<Bytes>, id: &str) -> Response<Bytes> {
+        if let Some(forced) = self.take_forced() {
+            let mut r = reply(forced.status, "forced by the test");
+            if let Some(secs) = forced.retry_after {
+                r.headers_mut()
+                    .insert(http::header::RETRY_AFTER, secs.into());
+            }
+            return r;
+        }
+        if req.method() != http::Method::POST {
+            return reply(405, "POST only");
+        }
+        match self.subs.lock().get(id) {
+            None => return reply(404, "no such subscription"),
+            Some(s) if s.gone => return reply(410, "subscription expired"),
+            Some(_) => {}
+        }
+        if let Err((status, message)) = check_headers(req.headers()) {
+            return reply(status, &message);
+        }
+        if let Err((status, message)) = self.check_vapid(req.headers()) {
+            return reply(status, &message);
+        }
+        let body = req.body();
+        if body.len() > MAX_BODY {
+            return reply(413, "body larger than 4096 bytes");
+        }
+        let mut subs = self.subs.lock();
+        let Some(sub) = subs.get_mut(id) else {
+            return reply(404, "no such subscription");
+        };
+        match ece::decrypt(body, &sub.secret, &sub.auth) {
+            Ok(plain) => {
+                sub.received.push(plain);
+                let mut r = reply(201, "created");
+                *r.body_mut() = Bytes::new();
+                r
+            }
+            Err(e) => reply(400, &format!("cannot decrypt: {e}")),
+        }
+    }
+
+    fn take_forced(&self) -> Option<Forced> {
+        let mut forced = self.forced.lock();
+        let f = forced.as_mut()?;
+        if f.left == 0 {
+            *forced = None;
+            return None;
+        }
+        f.left -= 1;
+        Some(*f)
+    }
+
+    /// RFC 8292: the token verifies with `k=`, is for this origin, expires in the future
+    /// and at most 24 h ahead, and names a contact.
+    fn check_vapid(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        let auth = header(headers, "authorization")
+            .ok_or_else(|| refuse(401, "missing VAPID Authorization"))?;
+        let v = vapid::verify(&auth).map_err(|e| refuse(401, &e.to_string()))?;
+        let origin = self.origin.get().map_or("", String::as_str);
+        if v.claims.aud != origin {
+            return Err(refuse(401, "VAPID aud is not this push service's origin"));
+        }
+        let now = vapid::unix_ms() / 1000;
+        if v.claims.exp <= now {
+            return Err(refuse(401, "VAPID token expired"));
+        }
+        if v.claims.exp > now + vapid::MAX_LIFETIME.as_secs() {
+            return Err(refuse(401, "VAPID exp more than 24 h ahead"));
+        }
+        let sub = v.claims.sub.as_deref().unwrap_or_default();
+        if vapid::check_subject(sub).is_err() {
+            return Err(refuse(401, "VAPID sub is not a mailto: or https: contact"));
+        }
+        if let Some(expected) = &*self.expected_key.lock() {
+            if *expected != v.public_key {
+                return Err(refuse(403, "VAPID key differs from the subscription's"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `TTL` (required), `Content-Encoding`, and `Urgency`/`Topic` when present.
+fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
+    match header(headers, "ttl").map(|t| t.parse::<u64>()) {
+        None => return Err(refuse(400, "missing TTL")),
+        Some(Err(_)) => return Err(refuse(400, "TTL is not a number of seconds")),
+        Some(Ok(_)) => {}
+    }
+    if header(headers, "content-encoding").as_deref() != Some("aes128gcm") {
+        return Err(refuse(400, "Content-Encoding must be aes128gcm"));
+    }
+    if let Some(u) = header(headers, "urgency") {
+        if !matches!(u.as_str(), "very-low" | "low" | "normal" | "high") {
+            return Err(refuse(400, "unknown Urgency"));
+        }
+    }
+    if let Some(t) = header(headers, "topic") {
+        let ok = t.len() <= 32
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(refuse(400, "Topic is not at most 32 base64url characters"));
+        }
+    }
+    Ok(())
+}
