@@ -7,7 +7,6 @@
 
 use super::{echo, json_type_name, Job, JobError, PushType, Subscription};
 use crate::provider::ProviderKind;
-use base64::Engine;
 
 /// APNs payload limit, in bytes of JSON.
 pub const APNS_MAX_PAYLOAD: usize = 4096;
@@ -199,36 +198,14 @@ fn webpush(job: &Job) -> Result<(), JobError> {
 /// uncompressed P-256 point (65 bytes, 0x04 first) and whose `auth` is 16 bytes, both
 /// base64url (padding allowed).
 ///
-/// The Web Push adapter's `subscription::check` is meant to hold this check; until it
-/// is merged, this is the same rule, and this function should then call it.
+/// The shape first (this module's words), then the adapter's own check: https
+/// endpoint, base64url keys, a P-256 point and a 16-byte auth secret.
 pub fn check_subscription(device: &str) -> Result<(), String> {
-    let Some(s) = Subscription::parse(device) else {
+    if Subscription::parse(device).is_none() {
         return Err(format!(
             "a Web Push provider needs a subscription object {{\"endpoint\", \"keys\": {{\"p256dh\", \"auth\"}}}}, got {}",
             echo(device)
         ));
-    };
-    let decode = |name: &str, text: &str| {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(text.trim_end_matches('='))
-            .map_err(|e| format!("keys.{name} is not base64url: {e}"))
-    };
-    let p256dh = decode("p256dh", s.keys.p256dh)?;
-    if p256dh.len() != 65 || p256dh[0] != 0x04 {
-        return Err(format!(
-            "keys.p256dh must be an uncompressed P-256 public key (65 bytes starting 0x04), got {} bytes",
-            p256dh.len()
-        ));
     }
-    if p256::PublicKey::from_sec1_bytes(&p256dh).is_err() {
-        return Err("keys.p256dh is not a point on the P-256 curve".into());
-    }
-    let auth = decode("auth", s.keys.auth)?;
-    if auth.len() != 16 {
-        return Err(format!(
-            "keys.auth must be 16 bytes, got {} bytes",
-            auth.len()
-        ));
-    }
-    Ok(())
+    crate::provider::webpush::subscription::check(device)
 }

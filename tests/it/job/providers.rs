@@ -419,7 +419,7 @@ fn webpush_rules() {
     bad["keys"]["p256dh"] = json!(b64(&[4u8; 33]));
     assert_eq!(
         push(json!([bad]), json!({})).unwrap_err(),
-        "devices[0]: keys.p256dh must be an uncompressed P-256 public key (65 bytes starting 0x04), got 33 bytes"
+        "devices[0]: keys.p256dh is 33 bytes; an uncompressed P-256 point is 65 bytes starting 0x04"
     );
     let mut off_curve = [0u8; 65];
     off_curve[0] = 4;
@@ -427,13 +427,13 @@ fn webpush_rules() {
     bad["keys"]["p256dh"] = json!(b64(&off_curve));
     assert_eq!(
         push(json!([bad]), json!({})).unwrap_err(),
-        "devices[0]: keys.p256dh is not a point on the P-256 curve"
+        "devices[0]: keys.p256dh is not a point on P-256"
     );
     let mut bad = sub.clone();
     bad["keys"]["auth"] = json!(b64(&[1u8; 12]));
     assert_eq!(
         push(json!([bad]), json!({})).unwrap_err(),
-        "devices[0]: keys.auth must be 16 bytes, got 12 bytes"
+        "devices[0]: keys.auth is 12 bytes; it must be 16"
     );
     // A string payload counts its unescaped contents: 3993 quotes are 7986 bytes of JSON
     // escapes, over the decoder's limit, so use two-byte characters (no escape).
