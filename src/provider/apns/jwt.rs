@@ -237,6 +237,11 @@ impl TokenSigner {
         })
     }
 
+    /// The signer's clock, unix seconds.
+    pub fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
     pub fn team_id(&self) -> &str {
         &self.team_id
     }
