@@ -5,7 +5,7 @@
 use pushpace::job::{Job, Priority, PushOptions, PushType};
 use pushpace::mock::apns::{ApnsMock, MockApnsConfig};
 use pushpace::mock::tls::TestCa;
-use pushpace::provider::apns::jwt::{unix_now, Clock};
+use pushpace::provider::apns::jwt::{unix_now, Clock, TokenSigner};
 use pushpace::provider::apns::{check, ApnsSender};
 use pushpace::provider::settings::{ApnsEnvironment, ApnsSpec, CommonSpec};
 use pushpace::sender::{HaltScope, SendOutcome, Sender};
@@ -220,9 +220,14 @@ async fn each_answer_maps_to_its_class() {
         let got = send_one(&sender, &token(prefix), PushOptions::default()).await;
         assert_eq!(got, want, "token {prefix}…");
     }
-    let controls = s.mock.controls();
-    assert!(controls.delivered().is_empty());
+    assert!(s.mock.controls().delivered().is_empty());
+}
 
+#[tokio::test]
+async fn provider_wide_answers_halt_and_bad_requests_are_refused() {
+    let s = setup(|_| {});
+    let sender = ApnsSender::new(&s.spec).expect("sender");
+    let controls = s.mock.controls();
     // Provider-wide answers, switched on in the mock.
     let forced = [
         (403, "InvalidProviderToken", HaltScope::Provider),
@@ -438,4 +443,144 @@ async fn check_signs_and_opens_tls_h2_without_sending() {
     untrusted.common.ca_pem = Some(TestCa::new().ca_pem().into_bytes());
     let err = check(&untrusted).await.expect_err("untrusted");
     assert!(err.to_string().contains("TLS"), "{err}");
+}
+
+/// The mock's own strictness, with hand-made requests on the adapter's connection pool:
+/// what the adapter never sends must still be refused as Apple would.
+#[tokio::test]
+async fn the_mock_refuses_what_apple_refuses() {
+    let s = setup(|_| {});
+    let sender = ApnsSender::new(&s.spec).expect("sender");
+    let signer = TokenSigner::new(
+        "apns",
+        TEAM,
+        KEY_ID,
+        &s.spec.key_pem,
+        s.spec.token_refresh,
+        Clock::system(),
+    )
+    .expect("signer");
+    let auth = signer.current().header;
+    let device = token("");
+    let auth = auth.to_str().expect("ascii").to_string();
+    let body = bytes::Bytes::from_static(PAYLOAD.as_bytes());
+    for (req, body, status, reason) in refusal_cases(&auth, &device) {
+        let answer = sender.pool().send(req, body).await.expect("answer");
+        let text = String::from_utf8_lossy(&answer.body).to_string();
+        assert_eq!(answer.status.as_u16(), status, "{reason}: {text}");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(json["reason"], reason);
+    }
+    // A valid request: 200, and its apns-id echoed.
+    let id = "123e4567-e89b-12d3-a456-426614174000";
+    let valid = http::Request::post(format!("/3/device/{device}"))
+        .header("authorization", &auth)
+        .header("apns-topic", TOPIC)
+        .header("apns-push-type", "alert")
+        .header("apns-id", id)
+        .body(())
+        .expect("request");
+    let answer = sender.pool().send(valid, body).await.expect("answer");
+    assert_eq!(answer.status.as_u16(), 200);
+    assert_eq!(
+        answer.headers.get("apns-id").and_then(|v| v.to_str().ok()),
+        Some(id)
+    );
+    assert_eq!(s.mock.controls().delivered().len(), 1);
+}
+
+type Case = (http::Request<()>, bytes::Bytes, u16, &'static str);
+
+/// Hand-made requests the mock must refuse, with Apple's status and reason.
+fn refusal_cases(auth: &str, device: &str) -> Vec<Case> {
+    let request = |method: &str, headers: &[(&str, &str)]| {
+        let mut b = http::Request::builder()
+            .method(method)
+            .uri(format!("/3/device/{device}"));
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).expect("request")
+    };
+    let good: Vec<(&str, &str)> = vec![
+        ("authorization", auth),
+        ("apns-topic", TOPIC),
+        ("apns-push-type", "alert"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut h = good.clone();
+        for (k, v) in extra {
+            h.retain(|(name, _)| name != k);
+            h.push((k, v));
+        }
+        h
+    };
+    let body = bytes::Bytes::from_static(PAYLOAD.as_bytes());
+    let cases: Vec<(http::Request<()>, bytes::Bytes, u16, &str)> = vec![
+        (request("GET", &good), body.clone(), 405, "MethodNotAllowed"),
+        (
+            request("POST", &good[1..]),
+            body.clone(),
+            403,
+            "MissingProviderToken",
+        ),
+        (
+            request("POST", &with(&[("apns-topic", "com.other")])),
+            body.clone(),
+            400,
+            "BadTopic",
+        ),
+        (
+            request("POST", &good[..1]),
+            body.clone(),
+            400,
+            "MissingTopic",
+        ),
+        (
+            request("POST", &with(&[("apns-push-type", "banner")])),
+            body.clone(),
+            400,
+            "InvalidPushType",
+        ),
+        (
+            request("POST", &with(&[("apns-priority", "7")])),
+            body.clone(),
+            400,
+            "BadPriority",
+        ),
+        (
+            request(
+                "POST",
+                &with(&[("apns-push-type", "background"), ("apns-priority", "10")]),
+            ),
+            body.clone(),
+            400,
+            "BadPriority",
+        ),
+        (
+            request("POST", &with(&[("apns-expiration", "soon")])),
+            body.clone(),
+            400,
+            "BadExpirationDate",
+        ),
+        (
+            request("POST", &with(&[("apns-id", "not-a-uuid")])),
+            body.clone(),
+            400,
+            "BadMessageId",
+        ),
+        (
+            request("POST", &good),
+            bytes::Bytes::new(),
+            400,
+            "PayloadEmpty",
+        ),
+        (
+            request("POST", &good),
+            bytes::Bytes::from_static(b"not json"),
+            400,
+            "BadPayload",
+        ),
+    ];
+    cases
 }
