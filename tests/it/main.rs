@@ -1,6 +1,7 @@
 //! pushpace's integration tests: one crate, one binary, against the real services.
 
 mod api;
+mod apns;
 mod bad_input;
 mod broker;
 mod browser;

@@ -95,12 +95,12 @@ impl Conn {
         }
         let mut handle = self.handle.clone().ready().await.map_err(|e| {
             self.forget();
-            Failure::NotProcessed(e.to_string())
+            Failure::NotSent(e.to_string())
         })?;
         let (response, mut stream) =
             handle.send_request(request, body.is_empty()).map_err(|e| {
                 self.forget();
-                Failure::NotProcessed(e.to_string())
+                Failure::NotSent(e.to_string())
             })?;
         if !body.is_empty() {
             if let Err(e) = stream.send_data(body, true) {

@@ -36,8 +36,13 @@ use std::time::{Duration, Instant};
 /// The most answer body the pool reads; a longer answer is an error.
 pub const MAX_ANSWER_BODY: usize = 64 * 1024;
 
-/// Tries of a request the server did not process (the first send included).
+/// Sends of a request that reached the server but that it did not process (the first
+/// included).
 const MAX_TRIES: u32 = 4;
+
+/// Attempts in all, those that found their connection closing before the request left
+/// included (each forgets that connection, so the next one is new).
+const MAX_ATTEMPTS: u32 = 2 * MAX_TRIES;
 
 /// What a pool connects to and how.
 #[derive(Debug, Clone)]
@@ -81,7 +86,7 @@ pub enum TransportError {
     Timeout { pool: Arc<str>, ms: u128 },
     #[error("{pool}: connection failed after the request was sent: {reason}")]
     Lost { pool: Arc<str>, reason: String },
-    #[error("{pool}: request not processed by the server after {tries} tries: {reason}")]
+    #[error("{pool}: request not processed by the server ({tries} sent): {reason}")]
     NotProcessed {
         pool: Arc<str>,
         tries: u32,
@@ -110,6 +115,8 @@ impl TransportError {
 
 /// How one try on one connection failed.
 enum Failure {
+    /// The connection was closing before the request left.
+    NotSent(String),
     /// The server did not process the request: it may be sent again.
     NotProcessed(String),
     /// The request may have been processed.
@@ -237,11 +244,19 @@ impl H2Pool {
         body: Bytes,
     ) -> Result<Answer, TransportError> {
         let mut reason = String::new();
-        for _ in 0..MAX_TRIES {
+        let mut tries = 0;
+        for _ in 0..MAX_ATTEMPTS {
             let conn = self.connection().await?;
             match conn.exchange(copy_request(&request), body.clone()).await {
                 Ok(answer) => return Ok(answer),
-                Err(Failure::NotProcessed(why)) => reason = why,
+                Err(Failure::NotSent(why)) => reason = why,
+                Err(Failure::NotProcessed(why)) => {
+                    reason = why;
+                    tries += 1;
+                    if tries == MAX_TRIES {
+                        break;
+                    }
+                }
                 Err(Failure::Lost(reason)) => {
                     return Err(TransportError::Lost {
                         pool: self.config.name.clone(),
@@ -257,7 +272,7 @@ impl H2Pool {
         }
         Err(TransportError::NotProcessed {
             pool: self.config.name.clone(),
-            tries: MAX_TRIES,
+            tries,
             reason,
         })
     }
