@@ -1,1 +1,6 @@
-//! (being written: issue 20)
+//! FCM HTTP v1 (being written: issue 20).
+
+pub mod account;
+pub mod answer;
+pub mod body;
+pub mod oauth;
