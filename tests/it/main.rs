@@ -20,3 +20,4 @@ mod sender;
 mod store;
 mod totals;
 mod watcher;
+mod fcm;

@@ -344,6 +344,10 @@ impl TokenSource {
             if let Some(b) = self.state.usable(newer_than) {
                 return Ok(b);
             }
+            // A refusal is definitive: no point waiting for the next attempt.
+            if let Some(refused @ TokenError::Refused(_)) = &*self.state.last_error.lock() {
+                return Err(refused.clone());
+            }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 return Err(self.state.last_error.lock().clone().unwrap_or_else(|| {
                     TokenError::Unavailable(format!("no access token within {:?}", self.wait))
