@@ -15,6 +15,7 @@ mod limiter;
 mod pipeline;
 mod poison_headers;
 mod progress;
+mod provider_transport;
 mod reliability;
 mod sender;
 mod store;

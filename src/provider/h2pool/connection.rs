@@ -1,0 +1,247 @@
+//! One provider connection: TCP, TLS (ALPN h2 checked), the HTTP/2 handshake, a driver
+//! task that also PINGs the connection when idle, and one exchange (a stream) per send.
+
+use super::{Answer, Failure, H2Pool, MAX_ANSWER_BODY};
+use bytes::{Bytes, BytesMut};
+use h2::client::SendRequest;
+use h2::{Ping, PingPong, Reason};
+use http::Request;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::sync::{oneshot, Semaphore};
+
+/// A live HTTP/2 connection of a slot.
+pub(super) struct Conn {
+    pub(super) generation: u64,
+    slot: usize,
+    handle: SendRequest<Bytes>,
+    pool: Weak<H2Pool>,
+    /// `one_stream_until_ok`: one permit until the first 2xx, then closed (all pass).
+    gate: Option<Semaphore>,
+    /// When a stream last started or a PING was answered (pool clock, ms).
+    active_ms: Arc<AtomicU64>,
+}
+
+impl Conn {
+    /// Connects slot `slot` of `pool`; ready once the server answered a first PING
+    /// (so its SETTINGS, read before, apply to the first stream).
+    pub(super) async fn connect(
+        pool: &Arc<H2Pool>,
+        slot: usize,
+        generation: u64,
+    ) -> Result<Arc<Conn>, String> {
+        let limit = pool.config.connect_timeout;
+        let setup = async {
+            let tcp = tokio::net::TcpStream::connect(&pool.address)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = tcp.set_nodelay(true);
+            let tls = tokio_rustls::TlsConnector::from(pool.config.tls.clone())
+                .connect(pool.server_name.clone(), tcp)
+                .await
+                .map_err(|e| format!("TLS: {e}"))?;
+            if tls.get_ref().1.alpn_protocol() != Some(b"h2".as_slice()) {
+                return Err("the server did not negotiate HTTP/2 (ALPN h2)".to_string());
+            }
+            let (handle, mut connection) = h2::client::Builder::new()
+                .enable_push(false)
+                .handshake::<_, Bytes>(tls)
+                .await
+                .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
+            let ping = connection
+                .ping_pong()
+                .ok_or_else(|| "HTTP/2 PING unavailable".to_string())?;
+            let active_ms = Arc::new(AtomicU64::new(pool.now_ms()));
+            let (ready_tx, ready_rx) = oneshot::channel();
+            let driver = Driver {
+                pool: Arc::downgrade(pool),
+                slot,
+                generation,
+                active_ms: active_ms.clone(),
+            };
+            tokio::spawn(driver.run(connection, ping, ready_tx));
+            ready_rx
+                .await
+                .map_err(|_| "connection closed during setup".to_string())?;
+            Ok((handle, active_ms))
+        };
+        let (handle, active_ms) = tokio::time::timeout(limit, setup)
+            .await
+            .map_err(|_| format!("no HTTP/2 connection within {} ms", limit.as_millis()))??;
+        Ok(Arc::new(Conn {
+            generation,
+            slot,
+            handle,
+            pool: Arc::downgrade(pool),
+            gate: pool.config.one_stream_until_ok.then(|| Semaphore::new(1)),
+            active_ms,
+        }))
+    }
+
+    /// One request and its answer on this connection.
+    pub(super) async fn exchange(
+        &self,
+        request: Request<()>,
+        body: Bytes,
+    ) -> Result<Answer, Failure> {
+        // Until the first 2xx: one stream at a time (the permit is held to the answer).
+        let _permit = match &self.gate {
+            Some(gate) => gate.acquire().await.ok(),
+            None => None,
+        };
+        if let Some(pool) = self.pool.upgrade() {
+            self.active_ms.store(pool.now_ms(), Relaxed);
+        }
+        let mut handle = self.handle.clone().ready().await.map_err(|e| {
+            self.forget();
+            Failure::NotSent(e.to_string())
+        })?;
+        let (response, mut stream) =
+            handle.send_request(request, body.is_empty()).map_err(|e| {
+                self.forget();
+                Failure::NotSent(e.to_string())
+            })?;
+        if !body.is_empty() {
+            if let Err(e) = stream.send_data(body, true) {
+                return Err(self.failed(e));
+            }
+        }
+        let response = response.await.map_err(|e| self.failed(e))?;
+        let answer = read_answer(response).await.map_err(|e| match e {
+            Some(e) => self.failed(e),
+            None => Failure::TooLarge,
+        })?;
+        if answer.status.is_success() {
+            if let Some(gate) = &self.gate {
+                gate.close();
+            }
+        }
+        Ok(answer)
+    }
+
+    /// Classifies a stream error: only GOAWAY (a stream above its last id) and
+    /// REFUSED_STREAM tell that the server did not process the request.
+    fn failed(&self, e: h2::Error) -> Failure {
+        let refused = e.is_reset() && e.is_remote() && e.reason() == Some(Reason::REFUSED_STREAM);
+        let above_goaway = e.is_go_away() && e.is_remote();
+        if !e.is_reset() {
+            // GOAWAY, I/O or protocol error: no new streams on this connection.
+            self.forget();
+        }
+        if refused || above_goaway {
+            Failure::NotProcessed(e.to_string())
+        } else {
+            Failure::Lost(e.to_string())
+        }
+    }
+
+    fn forget(&self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.forget(self.slot, self.generation);
+        }
+    }
+}
+
+/// Reads the answer; `Err(None)` when the body is over [`MAX_ANSWER_BODY`].
+async fn read_answer(
+    response: http::Response<h2::RecvStream>,
+) -> Result<Answer, Option<h2::Error>> {
+    let (head, mut body) = response.into_parts();
+    let mut collected = BytesMut::new();
+    let mut single: Option<Bytes> = None;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(Some)?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        let held = single.as_ref().map_or(0, Bytes::len) + collected.len();
+        if held + chunk.len() > MAX_ANSWER_BODY {
+            return Err(None);
+        }
+        // The usual answer is one DATA frame: keep it without copying.
+        match single.take() {
+            None if collected.is_empty() => single = Some(chunk),
+            first => {
+                if let Some(first) = first {
+                    collected.extend_from_slice(&first);
+                }
+                collected.extend_from_slice(&chunk);
+            }
+        }
+    }
+    Ok(Answer {
+        status: head.status,
+        headers: head.headers,
+        body: single.unwrap_or_else(|| collected.freeze()),
+    })
+}
+
+/// Drives a connection and keeps it alive; forgets it in its slot when it ends.
+struct Driver {
+    pool: Weak<H2Pool>,
+    slot: usize,
+    generation: u64,
+    active_ms: Arc<AtomicU64>,
+}
+
+impl Driver {
+    async fn run<C>(self, connection: C, mut ping: PingPong, ready: oneshot::Sender<()>)
+    where
+        C: std::future::Future<Output = Result<(), h2::Error>>,
+    {
+        let ended = tokio::select! {
+            result = connection => match result {
+                Ok(()) => "closed".to_string(),
+                Err(e) => e.to_string(),
+            },
+            reason = self.keep_alive(&mut ping, ready) => reason,
+        };
+        if let Some(pool) = self.pool.upgrade() {
+            tracing::debug!(pool = %pool.config.name, reason = %ended, "provider connection ended");
+            pool.forget(self.slot, self.generation);
+        }
+    }
+
+    /// The first PING (readiness), then one per idle period; returns why to close.
+    async fn keep_alive(&self, ping: &mut PingPong, ready: oneshot::Sender<()>) -> String {
+        if let Err(reason) = self.ping(ping).await {
+            return reason;
+        }
+        let _ = ready.send(());
+        loop {
+            let Some(pool) = self.pool.upgrade() else {
+                return "pool dropped".into();
+            };
+            let idle_ping = pool.config.idle_ping.max(Duration::from_millis(1));
+            let idle = pool.now_ms().saturating_sub(self.active_ms.load(Relaxed));
+            let wait = idle_ping.saturating_sub(Duration::from_millis(idle));
+            drop(pool);
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            if let Err(reason) = self.ping(ping).await {
+                return reason;
+            }
+            if let Some(pool) = self.pool.upgrade() {
+                pool.pings_answered.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    async fn ping(&self, ping: &mut PingPong) -> Result<(), String> {
+        let limit = match self.pool.upgrade() {
+            Some(pool) => pool.config.timeout.max(Duration::from_millis(1)),
+            None => return Err("pool dropped".into()),
+        };
+        match tokio::time::timeout(limit, ping.ping(Ping::opaque())).await {
+            Ok(Ok(_pong)) => {
+                if let Some(pool) = self.pool.upgrade() {
+                    self.active_ms.store(pool.now_ms(), Relaxed);
+                }
+                Ok(())
+            }
+            Ok(Err(e)) => Err(format!("PING failed: {e}")),
+            Err(_) => Err(format!("PING unanswered for {} ms", limit.as_millis())),
+        }
+    }
+}
