@@ -99,24 +99,62 @@ impl FcmError {
 
     fn response(self) -> Response<Bytes> {
         let (status, grpc, code, message, retry_after) = match self {
-            FcmError::Unregistered => (404, "NOT_FOUND", "UNREGISTERED", "Requested entity was not found.", None),
-            FcmError::QuotaExceeded => (429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Quota exceeded.", Some("120")),
-            FcmError::Unavailable => (503, "UNAVAILABLE", "UNAVAILABLE", "The service is currently unavailable.", Some("7")),
-            FcmError::Internal => (500, "INTERNAL", "INTERNAL", "Internal error encountered.", None),
-            FcmError::SenderIdMismatch => (403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH", "SenderId mismatch", None),
+            FcmError::Unregistered => (
+                404,
+                "NOT_FOUND",
+                "UNREGISTERED",
+                "Requested entity was not found.",
+                None,
+            ),
+            FcmError::QuotaExceeded => (
+                429,
+                "RESOURCE_EXHAUSTED",
+                "QUOTA_EXCEEDED",
+                "Quota exceeded.",
+                Some("120"),
+            ),
+            FcmError::Unavailable => (
+                503,
+                "UNAVAILABLE",
+                "UNAVAILABLE",
+                "The service is currently unavailable.",
+                Some("7"),
+            ),
+            FcmError::Internal => (
+                500,
+                "INTERNAL",
+                "INTERNAL",
+                "Internal error encountered.",
+                None,
+            ),
+            FcmError::SenderIdMismatch => (
+                403,
+                "PERMISSION_DENIED",
+                "SENDER_ID_MISMATCH",
+                "SenderId mismatch",
+                None,
+            ),
             FcmError::BadToken => {
                 return invalid_argument(
                     "The registration token is not a valid FCM registration token",
                     "message.token",
                 )
             }
-            FcmError::ThirdPartyAuth => (401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR", "Auth error from APNS or Web Push Service", None),
+            FcmError::ThirdPartyAuth => (
+                401,
+                "UNAUTHENTICATED",
+                "THIRD_PARTY_AUTH_ERROR",
+                "Auth error from APNS or Web Push Service",
+                None,
+            ),
         };
         let details = json!([{ "@type": FCM_ERROR, "errorCode": code }]);
         let mut r = error_response(status, grpc, message, details);
         if let Some(secs) = retry_after {
-            r.headers_mut()
-                .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static(secs));
+            r.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static(secs),
+            );
         }
         r
     }
@@ -391,7 +429,11 @@ impl State {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if !form_type.starts_with("application/x-www-form-urlencoded") {
-            return refuse(400, "invalid_request", format!("content-type {form_type:?}"));
+            return refuse(
+                400,
+                "invalid_request",
+                format!("content-type {form_type:?}"),
+            );
         }
         let form: HashMap<String, String> = url::form_urlencoded::parse(req.body())
             .into_owned()
@@ -405,14 +447,20 @@ impl State {
         if let Err(e) = self.check_assertion(assertion) {
             return refuse(400, "invalid_grant", e);
         }
-        let access = format!("ya29.mock-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        let access = format!(
+            "ya29.mock-{:016x}{:016x}",
+            fastrand::u64(..),
+            fastrand::u64(..)
+        );
         let lifetime = Duration::from_millis(self.expires_in_ms.load(SeqCst));
         let expires_in = lifetime.as_secs().max(1);
-        self.tokens
-            .lock()
-            .insert(access.clone(), Instant::now() + Duration::from_secs(expires_in));
+        self.tokens.lock().insert(
+            access.clone(),
+            Instant::now() + Duration::from_secs(expires_in),
+        );
         self.counters.grants.fetch_add(1, SeqCst);
-        let body = json!({"access_token": access, "expires_in": expires_in, "token_type": "Bearer"});
+        let body =
+            json!({"access_token": access, "expires_in": expires_in, "token_type": "Bearer"});
         json_response(200, &body)
     }
 
@@ -519,7 +567,10 @@ fn check_body(body: &[u8]) -> Result<(Map<String, Value>, String), Refusal> {
     }
     let message: Map<String, Value> = serde_json::from_str(envelope.message.get())
         .map_err(|_| refusal("message must be an object", "message"))?;
-    if let Some(unknown) = message.keys().find(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {
+    if let Some(unknown) = message
+        .keys()
+        .find(|k| !MESSAGE_FIELDS.contains(&k.as_str()))
+    {
         let text = format!("Invalid JSON payload received. Unknown name {unknown:?} at 'message'");
         return Err(refusal(&text, "message"));
     }
@@ -559,7 +610,9 @@ fn check_data(data: Option<&Value>) -> Result<(), Refusal> {
 
 /// `android.priority` and `android.ttl` in FCM's forms.
 fn check_android(android: Option<&Value>) -> Result<(), Refusal> {
-    let Some(android) = android else { return Ok(()) };
+    let Some(android) = android else {
+        return Ok(());
+    };
     let Some(a) = android.as_object() else {
         return Err(refusal("android must be an object", "message.android"));
     };
@@ -578,7 +631,10 @@ fn check_android(android: Option<&Value>) -> Result<(), Refusal> {
         }
     }
     if a.get("collapse_key").is_some_and(|c| !c.is_string()) {
-        return Err(refusal("Invalid collapse_key", "message.android.collapse_key"));
+        return Err(refusal(
+            "Invalid collapse_key",
+            "message.android.collapse_key",
+        ));
     }
     Ok(())
 }
@@ -649,7 +705,10 @@ mod tests {
         for b in bad {
             assert_eq!(status(check_body(b)), 400, "{}", String::from_utf8_lossy(b));
         }
-        let big = format!(r#"{{"message":{{"token":"t","data":{{"a":"{}"}}}}}}"#, "x".repeat(4100));
+        let big = format!(
+            r#"{{"message":{{"token":"t","data":{{"a":"{}"}}}}}}"#,
+            "x".repeat(4100)
+        );
         assert_eq!(status(check_body(big.as_bytes())), 400);
     }
 

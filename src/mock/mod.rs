@@ -6,5 +6,6 @@
 //! [`tls::TestCa`] makes the certificates; [`h2server::MockServer`] is the server every
 //! provider mock plugs its [`h2server::Handler`] into.
 
+pub mod fcm;
 pub mod h2server;
 pub mod tls;

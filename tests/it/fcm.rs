@@ -44,8 +44,8 @@ const PAYLOAD: &str = r#"{"notification":{"title":"Hi"},"data":{"k":"v"}}"#;
 async fn setup(config: FcmMockConfig, margin: Duration) -> (TestCa, FcmMock, FcmSender) {
     let ca = TestCa::new();
     let mock = FcmMock::start_with(&ca, config).expect("mock starts");
-    let sender = FcmSender::new(&spec(&ca, &mock, margin, Duration::from_secs(2)))
-        .expect("sender builds");
+    let sender =
+        FcmSender::new(&spec(&ca, &mock, margin, Duration::from_secs(2))).expect("sender builds");
     (ca, mock, sender)
 }
 
@@ -73,9 +73,15 @@ async fn delivers_with_the_body_fcm_expects() {
     Arc::get_mut(&mut own).expect("unique").options.priority = Some(Priority::High);
     assert_eq!(sender.send(&own, 0).await, SendOutcome::Delivered);
     let last = mock.bodies().pop().expect("second body");
-    assert_eq!(last, json!({"message": {"token": "dev-2", "android": {"priority": "NORMAL"}}}));
+    assert_eq!(
+        last,
+        json!({"message": {"token": "dev-2", "android": {"priority": "NORMAL"}}})
+    );
     // The token was reused: one grant for both sends.
     assert_eq!(mock.grants(), 1);
+    // The access token (the mock's start with "ya29.") is never in Debug output.
+    let shown = format!("{sender:?}");
+    assert!(!shown.contains("ya29"), "{shown}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,13 +107,45 @@ async fn each_error_maps_to_its_class() {
         got[0]
     );
     // retry-after 120 from the mock; never sooner than Google's minute.
-    assert!(matches!(&got[1], SendOutcome::RetryProvider { after: Some(a), .. } if *a == Duration::from_secs(120)), "{:?}", got[1]);
-    assert!(matches!(&got[2], SendOutcome::RetryProvider { after: Some(a), .. } if *a == Duration::from_secs(7)), "{:?}", got[2]);
-    assert!(matches!(&got[3], SendOutcome::RetryProvider { after: None, .. }), "{:?}", got[3]);
-    assert!(matches!(&got[4], SendOutcome::Mismatch { dead_token: false, .. }), "{:?}", got[4]);
-    assert!(matches!(&got[5], SendOutcome::DeadToken { .. }), "{:?}", got[5]);
     assert!(
-        matches!(&got[6], SendOutcome::Halt { scope: HaltScope::Provider, .. }),
+        matches!(&got[1], SendOutcome::RetryProvider { after: Some(a), .. } if *a == Duration::from_secs(120)),
+        "{:?}",
+        got[1]
+    );
+    assert!(
+        matches!(&got[2], SendOutcome::RetryProvider { after: Some(a), .. } if *a == Duration::from_secs(7)),
+        "{:?}",
+        got[2]
+    );
+    assert!(
+        matches!(&got[3], SendOutcome::RetryProvider { after: None, .. }),
+        "{:?}",
+        got[3]
+    );
+    assert!(
+        matches!(
+            &got[4],
+            SendOutcome::Mismatch {
+                dead_token: false,
+                ..
+            }
+        ),
+        "{:?}",
+        got[4]
+    );
+    assert!(
+        matches!(&got[5], SendOutcome::DeadToken { .. }),
+        "{:?}",
+        got[5]
+    );
+    assert!(
+        matches!(
+            &got[6],
+            SendOutcome::Halt {
+                scope: HaltScope::Provider,
+                ..
+            }
+        ),
         "{:?}",
         got[6]
     );
@@ -115,7 +153,10 @@ async fn each_error_maps_to_its_class() {
     // A forced error applies to every token.
     mock.force_error(Some(pushpace::mock::fcm::FcmError::Unregistered));
     let ok = job(&["fine-1"], PAYLOAD);
-    assert!(matches!(sender.send(&ok, 0).await, SendOutcome::DeadToken { .. }));
+    assert!(matches!(
+        sender.send(&ok, 0).await,
+        SendOutcome::DeadToken { .. }
+    ));
     mock.force_error(None);
     assert_eq!(sender.send(&ok, 0).await, SendOutcome::Delivered);
 }
@@ -175,8 +216,13 @@ async fn token_endpoint_down_means_retry_then_recovery() {
     let ca = TestCa::new();
     let mock = FcmMock::start_with(&ca, config).expect("mock");
     // Sends wait at most 500 ms for a token, so the outage shows quickly.
-    let sender = FcmSender::new(&spec(&ca, &mock, Duration::from_secs(1), Duration::from_millis(500)))
-        .expect("sender");
+    let sender = FcmSender::new(&spec(
+        &ca,
+        &mock,
+        Duration::from_secs(1),
+        Duration::from_millis(500),
+    ))
+    .expect("sender");
     let j = job(&["dev-1"], PAYLOAD);
     assert_eq!(sender.send(&j, 0).await, SendOutcome::Delivered);
     mock.set_token_endpoint_down(true);
@@ -187,7 +233,10 @@ async fn token_endpoint_down_means_retry_then_recovery() {
     .await;
     match first_retry {
         SendOutcome::RetryProvider { reason, .. } => {
-            assert!(reason.starts_with("FCM token endpoint unavailable: "), "{reason}")
+            assert!(
+                reason.starts_with("FCM token endpoint unavailable: "),
+                "{reason}"
+            )
         }
         other => panic!("{other:?}"),
     }
@@ -213,7 +262,10 @@ async fn drive_until(
             return outcome;
         }
         assert!(
-            matches!(outcome, SendOutcome::Delivered | SendOutcome::RetryProvider { .. }),
+            matches!(
+                outcome,
+                SendOutcome::Delivered | SendOutcome::RetryProvider { .. }
+            ),
             "unexpected {outcome:?}"
         );
         // Pace the loop: a retry answers at once once the token is known to be missing.
@@ -275,18 +327,28 @@ async fn a_key_the_token_endpoint_refuses_halts_the_provider() {
 async fn providers_check_gets_a_token_and_opens_http2_without_sending() {
     let ca = TestCa::new();
     let mock = FcmMock::start(&ca).expect("mock");
-    let report = check(&spec(&ca, &mock, Duration::from_secs(300), Duration::from_secs(2)))
-        .await
-        .expect("check passes");
+    let report = check(&spec(
+        &ca,
+        &mock,
+        Duration::from_secs(300),
+        Duration::from_secs(2),
+    ))
+    .await
+    .expect("check passes");
     assert!(report.contains("HTTP/2"), "{report}");
     assert!(!report.contains("ya29"), "the token is not shown: {report}");
     assert_eq!(mock.grants(), 1);
     assert_eq!(mock.sends(), 0);
     // With the token endpoint down, check says so.
     mock.set_token_endpoint_down(true);
-    let err = check(&spec(&ca, &mock, Duration::from_secs(300), Duration::from_secs(2)))
-        .await
-        .expect_err("token endpoint down")
-        .to_string();
+    let err = check(&spec(
+        &ca,
+        &mock,
+        Duration::from_secs(300),
+        Duration::from_secs(2),
+    ))
+    .await
+    .expect_err("token endpoint down")
+    .to_string();
     assert!(err.contains("503"), "{err}");
 }

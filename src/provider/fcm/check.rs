@@ -14,19 +14,19 @@ pub async fn check(spec: &FcmSpec) -> Result<String, ProviderError> {
     let account = Arc::new(ServiceAccount::parse(&spec.service_account, &spec.name)?);
     let cfg = token_config(spec);
     let fetcher = Fetcher::new(&spec.name, Arc::clone(&account), &cfg)?;
-    let (_, lifetime) = fetcher
-        .fetch()
-        .await
-        .map_err(|e| ProviderError::Config {
-            provider: spec.name.clone(),
-            problem: format!("no OAuth access token from {}: {e}", account.token_uri),
-        })?;
+    let (_, lifetime) = fetcher.fetch().await.map_err(|e| ProviderError::Config {
+        provider: spec.name.clone(),
+        problem: format!("no OAuth access token from {}: {e}", account.token_uri),
+    })?;
     let endpoint = endpoint_uri(spec)?;
     tokio::time::timeout(spec.common.timeout, handshake(spec, &endpoint))
         .await
         .map_err(|_| ProviderError::Tls {
             provider: spec.name.clone(),
-            problem: format!("{endpoint}: no TLS + HTTP/2 connection within {:?}", spec.common.timeout),
+            problem: format!(
+                "{endpoint}: no TLS + HTTP/2 connection within {:?}",
+                spec.common.timeout
+            ),
         })??;
     Ok(format!(
         "OAuth access token granted by {} for {} (lives {}s); {endpoint} speaks HTTP/2 over TLS; project {}",
@@ -46,8 +46,8 @@ async fn handshake(spec: &FcmSpec, endpoint: &http::Uri) -> Result<(), ProviderE
     };
     let host = endpoint.host().unwrap_or_default();
     let port = endpoint.port_u16().unwrap_or(443);
-    let config = crate::provider::tls::client_config(spec.common.ca_pem.as_deref())
-        .map_err(tls_error)?;
+    let config =
+        crate::provider::tls::client_config(spec.common.ca_pem.as_deref()).map_err(tls_error)?;
     let name = ServerName::try_from(host.trim_matches(['[', ']']).to_string())
         .map_err(|e| tls_error(format!("bad host name: {e}")))?;
     let tcp = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port))
@@ -58,7 +58,9 @@ async fn handshake(spec: &FcmSpec, endpoint: &http::Uri) -> Result<(), ProviderE
         .await
         .map_err(|e| tls_error(format!("TLS handshake: {e}")))?;
     if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
-        return Err(tls_error("the server did not agree to HTTP/2 (ALPN h2)".into()));
+        return Err(tls_error(
+            "the server did not agree to HTTP/2 (ALPN h2)".into(),
+        ));
     }
     let (client, mut connection) = h2::client::handshake(tls)
         .await

@@ -229,7 +229,11 @@ impl Inner {
             .send(request, body)
             .await
             .map_err(|e| e.into_outcome())?;
-        Ok(answer::classify(answer.status, &answer.headers, &answer.body))
+        Ok(answer::classify(
+            answer.status,
+            &answer.headers,
+            &answer.body,
+        ))
     }
 }
 
