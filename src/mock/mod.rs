@@ -7,6 +7,7 @@
 //! provider mock plugs its [`h2server::Handler`] into.
 
 pub mod apns;
+pub mod fcm;
 pub mod h2server;
 pub mod tls;
 pub mod webpush;

@@ -12,6 +12,7 @@
 //! a job that no provider could take is dead-lettered before it is scheduled.
 
 pub mod apns;
+pub mod build;
 pub mod fcm;
 pub mod h2pool;
 pub mod settings;

@@ -9,6 +9,7 @@ mod capping;
 mod cli;
 mod dead_letters;
 mod distributed;
+mod fcm;
 mod helpers;
 mod hygiene;
 mod job;
