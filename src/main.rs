@@ -241,7 +241,10 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "metrics recorder not installed");
     }
     let pool = migrate(&settings).await?;
-    let sender = pushpace::worker::build_sender(&settings)?;
+    let providers = pushpace::provider::build::build(&settings)?;
+    for p in providers.iter() {
+        tracing::info!(provider = %p.name, kind = p.kind.as_str(), "provider ready");
+    }
     let _embedded;
     let bootstrap = if settings.kafka.is_embedded() {
         _embedded = pushpace::broker::EmbeddedBroker::start(&[(
@@ -252,9 +255,10 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     } else {
         settings.kafka.brokers.clone()
     };
-    tracing::info!(brokers = %bootstrap, topic = %settings.kafka.topic, sender = ?settings.sender.kind, "worker starting");
+    tracing::info!(brokers = %bootstrap, topic = %settings.kafka.topic, default_provider = %settings.sender.default_provider, "worker starting");
     let worker =
-        pushpace::worker::Worker::start(&settings, pool.clone(), bootstrap.clone(), sender).await?;
+        pushpace::worker::Worker::start(&settings, pool.clone(), bootstrap.clone(), providers)
+            .await?;
     let app = pushpace::startup::Application::build(
         &settings,
         pushpace::startup::AppDeps {

@@ -24,10 +24,9 @@ pub mod refetch;
 mod retry;
 pub mod scheduler;
 
-use crate::config::{CappingScope, SenderKind, Settings};
+use crate::config::{CappingScope, Settings};
 use crate::limiter::{Clock, MonotonicClock};
 use crate::provider::Providers;
-use crate::sender::{AnySender, HttpSender, HttpSenderConfig, NullSender};
 use crate::shutdown::ShutdownController;
 use crate::stats::{Flusher, FlusherConfig, StatsRecorder};
 use crate::store::campaigns::{Campaign, CampaignDefaults, CampaignStatus};
@@ -50,6 +49,8 @@ pub enum WorkerError {
     #[error(transparent)]
     Sender(#[from] crate::sender::SenderError),
     #[error(transparent)]
+    Provider(#[from] crate::provider::ProviderError),
+    #[error(transparent)]
     Hygiene(#[from] crate::hygiene::HygieneError),
     #[error(transparent)]
     Capping(#[from] crate::capping::CapError),
@@ -57,21 +58,6 @@ pub enum WorkerError {
     Task(String),
     #[error(transparent)]
     Distributed(#[from] crate::distributed::DistributedError),
-}
-
-/// Builds the sender the settings ask for.
-pub fn build_sender(settings: &Settings) -> Result<AnySender, WorkerError> {
-    Ok(match settings.sender.kind {
-        SenderKind::Null => AnySender::Null(NullSender),
-        SenderKind::Http => {
-            let mut c = HttpSenderConfig::new(settings.sender.url.clone());
-            c.timeout = Duration::from_millis(settings.sender.timeout_ms);
-            c.http2_prior_knowledge = settings.sender.http2_prior_knowledge;
-            c.http2_connections = settings.sender.http2_connections;
-            c.http1_client = settings.sender.http1_client;
-            AnySender::Http(HttpSender::new(&c)?)
-        }
-    })
 }
 
 /// The defaults for campaigns created by a job that names no rate or algorithm.

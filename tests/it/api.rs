@@ -183,7 +183,7 @@ pub async fn spawn_worker_app(campaigns: &[(f64, usize)]) -> WorkerApp {
         ("worker.stats_flush_ms", "200".to_string()),
     ];
     let settings = app_settings(TOKEN, &db_url, &extra);
-    let sender = pushpace::worker::build_sender(&settings).unwrap();
+    let sender = pushpace::provider::build::build(&settings).unwrap();
     let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
         .await
         .expect("start worker");

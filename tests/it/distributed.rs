@@ -632,7 +632,7 @@ async fn paced_a_campaign_moved_to_redis_scope_and_back_rebuilds_its_limiter_at_
         ("redis.url", format!("redis://{REDIS}")),
     ];
     let settings = app_settings(TOKEN, &db_url, &extra);
-    let sender = pushpace::worker::build_sender(&settings).unwrap();
+    let sender = pushpace::provider::build::build(&settings).unwrap();
     let worker = pushpace::worker::Worker::start(&settings, pool.clone(), brokers(), sender)
         .await
         .unwrap();
