@@ -80,6 +80,7 @@ pub struct Controls {
     max_concurrent: AtomicU64,
     max_concurrent_before_ok: AtomicU64,
     stalled: AtomicBool,
+    hang_up: AtomicBool,
     stall_changed: tokio::sync::Notify,
 }
 
@@ -127,6 +128,11 @@ impl Controls {
     pub fn set_stalled(&self, stalled: bool) {
         self.stalled.store(stalled, SeqCst);
         self.stall_changed.notify_waiters();
+    }
+
+    /// A server that hangs up answers every stream by closing its connection.
+    pub fn set_hang_up(&self, hang_up: bool) {
+        self.hang_up.store(hang_up, SeqCst);
     }
 
     async fn wait_unstalled(&self) {
@@ -287,6 +293,11 @@ async fn serve_connection<H: Handler>(tcp: TcpStream, shared: Arc<Shared<H>>) {
         let Some(Ok((request, mut respond))) = next else {
             break;
         };
+        if controls.hang_up.load(SeqCst) {
+            conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+            drop(respond);
+            continue;
+        }
         if going_away {
             controls.refused.fetch_add(1, SeqCst);
             respond.send_reset(h2::Reason::REFUSED_STREAM);

@@ -179,6 +179,19 @@ async fn one_stream_until_the_first_2xx_then_the_settings_limit() {
 
 #[tokio::test]
 async fn requests_above_a_goaway_are_resent_and_answered_once() {
+    // Without a stream limit all 50 reach the server and those after the 20th are
+    // refused (REFUSED_STREAM); with a limit of 25 the client still holds 25 when the
+    // GOAWAY comes, and those are above its last stream id.
+    for limit in [None, Some(25)] {
+        let knobs = Knobs {
+            max_concurrent_streams: limit,
+            goaway_after_streams: Some(20),
+        };
+        goaway_round(knobs).await;
+    }
+}
+
+async fn goaway_round(knobs: Knobs) {
     let ca = TestCa::new();
     let counts = Arc::new(parking_lot::Mutex::new(std::collections::HashMap::new()));
     let seen = counts.clone();
@@ -191,10 +204,6 @@ async fn requests_above_a_goaway_are_resent_and_answered_once() {
             Response::new(Bytes::new())
         })
     }));
-    let knobs = Knobs {
-        goaway_after_streams: Some(20),
-        ..Knobs::default()
-    };
     let server = MockServer::start(&ca, handler, knobs).expect("server");
     let controls = server.controls();
     let pool = H2Pool::new(config(&ca, &server.url())).expect("pool");
@@ -210,7 +219,11 @@ async fn requests_above_a_goaway_are_resent_and_answered_once() {
     }
     let counts = counts.lock();
     for i in 0..50 {
-        assert_eq!(counts.get(&i.to_string()), Some(&1), "request {i}");
+        assert_eq!(
+            counts.get(&i.to_string()),
+            Some(&1),
+            "request {i} ({knobs:?})"
+        );
     }
     assert_eq!(counts.len(), 50);
     assert!(controls.goaways() >= 2, "GOAWAYs: {}", controls.goaways());
@@ -381,4 +394,31 @@ async fn oversized_answers_and_slow_answers_are_provider_retries() {
         error.into_outcome(),
         pushpace::sender::SendOutcome::RetryProvider { .. }
     ));
+}
+
+#[tokio::test]
+async fn a_server_that_hangs_up_is_not_redialled_in_a_loop() {
+    let ca = TestCa::new();
+    let server = MockServer::start(&ca, echo(), Knobs::default()).expect("server");
+    let controls = server.controls();
+    controls.set_hang_up(true);
+    let pool = H2Pool::new(config(&ca, &server.url())).expect("pool");
+    // 50 sends in a row, each failing in well under the first backoff (50-100 ms).
+    for _ in 0..50 {
+        let error = pool
+            .send(post("/"), Bytes::new())
+            .await
+            .expect_err("hung up");
+        let outcome = error.into_outcome();
+        assert!(matches!(
+            outcome,
+            pushpace::sender::SendOutcome::RetryProvider { .. }
+        ));
+    }
+    assert!(
+        controls.connections() <= 2,
+        "connections: {}",
+        controls.connections()
+    );
+    assert_eq!(controls.streams(), 0);
 }

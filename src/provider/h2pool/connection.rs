@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 use h2::client::SendRequest;
 use h2::{Ping, PingPong, Reason};
 use http::Request;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::{oneshot, Semaphore};
@@ -19,8 +19,31 @@ pub(super) struct Conn {
     pool: Weak<H2Pool>,
     /// `one_stream_until_ok`: one permit until the first 2xx, then closed (all pass).
     gate: Option<Semaphore>,
+    activity: Arc<Activity>,
+}
+
+/// What a connection and its driver share.
+struct Activity {
     /// When a stream last started or a PING was answered (pool clock, ms).
-    active_ms: Arc<AtomicU64>,
+    active_ms: AtomicU64,
+    /// Whether any stream got an answer: a connection that closes before that counts as
+    /// a failed connect, so a server that hangs up at once is not redialled in a loop.
+    answered: AtomicBool,
+    /// Whether the connection became ready (its first PING answered).
+    opened: AtomicBool,
+    /// Whether its early end was counted already (by a stream or the driver).
+    counted: AtomicBool,
+}
+
+impl Activity {
+    /// Forgets the connection; if it opened but never answered, the slot backs off.
+    fn ended(&self, pool: &H2Pool, slot: usize, generation: u64, reason: &str) {
+        pool.forget(slot, generation);
+        let early = self.opened.load(Relaxed) && !self.answered.load(Relaxed);
+        if early && !self.counted.swap(true, Relaxed) {
+            pool.connection_failed(slot, reason);
+        }
+    }
 }
 
 impl Conn {
@@ -52,21 +75,26 @@ impl Conn {
             let ping = connection
                 .ping_pong()
                 .ok_or_else(|| "HTTP/2 PING unavailable".to_string())?;
-            let active_ms = Arc::new(AtomicU64::new(pool.now_ms()));
+            let activity = Arc::new(Activity {
+                active_ms: AtomicU64::new(pool.now_ms()),
+                answered: AtomicBool::new(false),
+                opened: AtomicBool::new(false),
+                counted: AtomicBool::new(false),
+            });
             let (ready_tx, ready_rx) = oneshot::channel();
             let driver = Driver {
                 pool: Arc::downgrade(pool),
                 slot,
                 generation,
-                active_ms: active_ms.clone(),
+                activity: activity.clone(),
             };
             tokio::spawn(driver.run(connection, ping, ready_tx));
             ready_rx
                 .await
                 .map_err(|_| "connection closed during setup".to_string())?;
-            Ok((handle, active_ms))
+            Ok((handle, activity))
         };
-        let (handle, active_ms) = tokio::time::timeout(limit, setup)
+        let (handle, activity) = tokio::time::timeout(limit, setup)
             .await
             .map_err(|_| format!("no HTTP/2 connection within {} ms", limit.as_millis()))??;
         Ok(Arc::new(Conn {
@@ -75,7 +103,7 @@ impl Conn {
             handle,
             pool: Arc::downgrade(pool),
             gate: pool.config.one_stream_until_ok.then(|| Semaphore::new(1)),
-            active_ms,
+            activity,
         }))
     }
 
@@ -91,7 +119,7 @@ impl Conn {
             None => None,
         };
         if let Some(pool) = self.pool.upgrade() {
-            self.active_ms.store(pool.now_ms(), Relaxed);
+            self.activity.active_ms.store(pool.now_ms(), Relaxed);
         }
         let mut handle = self.handle.clone().ready().await.map_err(|e| {
             self.forget();
@@ -108,6 +136,7 @@ impl Conn {
             }
         }
         let response = response.await.map_err(|e| self.failed(e))?;
+        self.activity.answered.store(true, Relaxed);
         let answer = read_answer(response).await.map_err(|e| match e {
             Some(e) => self.failed(e),
             None => Failure::TooLarge,
@@ -125,9 +154,16 @@ impl Conn {
     fn failed(&self, e: h2::Error) -> Failure {
         let refused = e.is_reset() && e.is_remote() && e.reason() == Some(Reason::REFUSED_STREAM);
         let above_goaway = e.is_go_away() && e.is_remote();
-        if !e.is_reset() {
-            // GOAWAY, I/O or protocol error: no new streams on this connection.
+        if above_goaway {
+            // An orderly GOAWAY: reconnect at once.
             self.forget();
+        } else if !e.is_reset() {
+            // An I/O or protocol error: no new streams on this connection.
+            if let Some(pool) = self.pool.upgrade() {
+                let reason = e.to_string();
+                self.activity
+                    .ended(&pool, self.slot, self.generation, &reason);
+            }
         }
         if refused || above_goaway {
             Failure::NotProcessed(e.to_string())
@@ -180,7 +216,7 @@ struct Driver {
     pool: Weak<H2Pool>,
     slot: usize,
     generation: u64,
-    active_ms: Arc<AtomicU64>,
+    activity: Arc<Activity>,
 }
 
 impl Driver {
@@ -197,7 +233,8 @@ impl Driver {
         };
         if let Some(pool) = self.pool.upgrade() {
             tracing::debug!(pool = %pool.config.name, reason = %ended, "provider connection ended");
-            pool.forget(self.slot, self.generation);
+            self.activity
+                .ended(&pool, self.slot, self.generation, &ended);
         }
     }
 
@@ -206,13 +243,16 @@ impl Driver {
         if let Err(reason) = self.ping(ping).await {
             return reason;
         }
+        self.activity.opened.store(true, Relaxed);
         let _ = ready.send(());
         loop {
             let Some(pool) = self.pool.upgrade() else {
                 return "pool dropped".into();
             };
             let idle_ping = pool.config.idle_ping.max(Duration::from_millis(1));
-            let idle = pool.now_ms().saturating_sub(self.active_ms.load(Relaxed));
+            let idle = pool
+                .now_ms()
+                .saturating_sub(self.activity.active_ms.load(Relaxed));
             let wait = idle_ping.saturating_sub(Duration::from_millis(idle));
             drop(pool);
             if !wait.is_zero() {
@@ -236,7 +276,7 @@ impl Driver {
         match tokio::time::timeout(limit, ping.ping(Ping::opaque())).await {
             Ok(Ok(_pong)) => {
                 if let Some(pool) = self.pool.upgrade() {
-                    self.active_ms.store(pool.now_ms(), Relaxed);
+                    self.activity.active_ms.store(pool.now_ms(), Relaxed);
                 }
                 Ok(())
             }

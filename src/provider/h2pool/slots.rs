@@ -113,6 +113,15 @@ impl H2Pool {
         }
     }
 
+    /// A connection of slot `index` closed before any answer: back off as after a
+    /// failed connect.
+    pub(super) fn connection_failed(&self, index: usize, reason: &str) {
+        let wait =
+            self.slots[index].failed(&format!("connection closed before any answer: {reason}"));
+        tracing::warn!(pool = %self.config.name, %reason, wait_ms = wait.as_millis() as u64,
+            "provider connection closed before any answer");
+    }
+
     /// Forgets slot `index`'s connection if it is still generation `generation`.
     pub(super) fn forget(&self, index: usize, generation: u64) {
         let mut live = self.slots[index].live.lock();
