@@ -86,9 +86,21 @@ enum Command {
     /// A loopback stand-in for the push provider, for load tests and the reliability
     /// scripts: `GET /_sink/stats` returns what it saw, `PUT /_sink/behaviour` changes its answers.
     Sink(SinkArgs),
+    /// The named push providers: `list`, or `check NAME` (the authentication round trip,
+    /// no notification sent).
+    #[command(subcommand)]
+    Providers(ProvidersCommand),
     /// The end-to-end benchmark: a plain consumer against the worker (null and HTTP
     /// senders), peak RSS behind a slow campaign, and pacing at scale; prints a table.
     Bench(pushpace::bench::BenchArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum ProvidersCommand {
+    /// Every provider: name, kind, endpoint, cap (no secret).
+    List,
+    /// Signs a JWT / fetches an OAuth token / opens TLS with ALPN h2, and says what is wrong.
+    Check { name: String },
 }
 
 #[derive(Args, Debug)]
@@ -153,6 +165,15 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
 async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::Migrate => migrate(&settings).await.map(|_| ()),
+        Command::Providers(ProvidersCommand::List) => {
+            print!("{}", pushpace::provider::check::list(&settings));
+            Ok(())
+        }
+        Command::Providers(ProvidersCommand::Check { name }) => {
+            let summary = pushpace::provider::check::check(&settings, &name).await?;
+            println!("{name}: {summary}");
+            Ok(())
+        }
         Command::Config => {
             println!("{settings:#?}");
             Ok(())

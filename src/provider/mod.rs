@@ -13,6 +13,7 @@
 
 pub mod apns;
 pub mod build;
+pub mod check;
 pub mod fcm;
 pub mod h2pool;
 pub mod settings;

@@ -1,0 +1,127 @@
+//! `pushpace providers list` and `pushpace providers check NAME`.
+//!
+//! `check` makes each provider's authentication round trip without sending a
+//! notification: APNs signs its JWT and opens TLS + HTTP/2 to the endpoint; FCM fetches an
+//! OAuth token and opens TLS + HTTP/2; Web Push signs and verifies a VAPID token; the
+//! webhook opens a TCP connection to its URL's host. What is wrong is said in one line.
+
+use super::settings::{NamedProvider, ProviderSpec};
+use super::ProviderError;
+use crate::config::Settings;
+use std::fmt::Write;
+use std::time::Duration;
+
+/// How long a webhook's TCP connect may take in `check`.
+const WEBHOOK_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One line per provider: name, kind, where it sends, its cap; no secret.
+pub fn list(settings: &Settings) -> String {
+    let mut out = format!(
+        "{:<16} {:<8} {:<8} {:<40} {:>10}  details\n",
+        "NAME", "KIND", "DEFAULT", "ENDPOINT", "MAX RATE"
+    );
+    for p in &settings.providers {
+        let default = if p.name == settings.sender.default_provider {
+            "yes"
+        } else {
+            ""
+        };
+        let max_rate = p
+            .spec
+            .common()
+            .and_then(|c| c.max_rate)
+            .map_or("-".to_string(), |r| format!("{}/s", r.as_f64()));
+        let (endpoint, details) = describe(p);
+        let _ = writeln!(
+            out,
+            "{:<16} {:<8} {:<8} {:<40} {:>10}  {}",
+            p.name,
+            p.spec.kind().as_str(),
+            default,
+            endpoint,
+            max_rate,
+            details
+        );
+    }
+    out
+}
+
+/// Where a provider sends, and what identifies its app (never a key).
+fn describe(p: &NamedProvider) -> (String, String) {
+    match &p.spec {
+        ProviderSpec::Apns(s) => (
+            s.endpoint.clone(),
+            format!(
+                "team {} key {} topic {} ({:?})",
+                s.team_id, s.key_id, s.topic, s.environment
+            ),
+        ),
+        ProviderSpec::Fcm(s) => (s.endpoint.clone(), "service account (hidden)".into()),
+        ProviderSpec::WebPush(s) => (
+            "(each subscription's endpoint)".into(),
+            format!("VAPID subject {}", s.vapid_subject),
+        ),
+        ProviderSpec::Webhook(s) => (redact(&s.url), String::new()),
+        ProviderSpec::Null => ("-".into(), "sends nothing".into()),
+    }
+}
+
+/// A URL without user information, query or fragment.
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => format!(
+            "{}://{}{}{}",
+            u.scheme(),
+            u.host_str().unwrap_or(""),
+            u.port().map(|p| format!(":{p}")).unwrap_or_default(),
+            u.path()
+        ),
+        Err(_) => "(unparseable)".into(),
+    }
+}
+
+/// The named provider's authentication round trip: a one-line summary, or what is wrong.
+pub async fn check(settings: &Settings, name: &str) -> Result<String, ProviderError> {
+    let Some(p) = settings.providers.iter().find(|p| p.name == name) else {
+        let known: Vec<&str> = settings.providers.iter().map(|p| p.name.as_str()).collect();
+        return Err(ProviderError::Config {
+            provider: name.to_string(),
+            problem: format!("no such provider; configured: {}", known.join(", ")),
+        });
+    };
+    match &p.spec {
+        ProviderSpec::Apns(s) => super::apns::check(s).await,
+        ProviderSpec::Fcm(s) => super::fcm::check(s).await,
+        ProviderSpec::WebPush(s) => super::webpush::check(s).await,
+        ProviderSpec::Webhook(s) => webhook(&p.name, &s.url).await,
+        ProviderSpec::Null => Ok("the null provider sends nothing; nothing to check".into()),
+    }
+}
+
+async fn webhook(name: &str, url: &str) -> Result<String, ProviderError> {
+    let fail = |problem: String| ProviderError::Config {
+        provider: name.to_string(),
+        problem,
+    };
+    let u = url::Url::parse(url).map_err(|e| fail(format!("url: {e}")))?;
+    let host = u
+        .host_str()
+        .ok_or_else(|| fail("the url has no host".into()))?;
+    let port = u
+        .port_or_known_default()
+        .ok_or_else(|| fail("the url has no port".into()))?;
+    let address = format!("{host}:{port}");
+    match tokio::time::timeout(
+        WEBHOOK_CONNECT_TIMEOUT,
+        tokio::net::TcpStream::connect(&address),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(format!("TCP connection to {address} ok ({})", redact(url))),
+        Ok(Err(e)) => Err(fail(format!("cannot connect to {address}: {e}"))),
+        Err(_) => Err(fail(format!(
+            "no TCP connection to {address} within {} s",
+            WEBHOOK_CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
+}
