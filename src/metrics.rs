@@ -221,7 +221,11 @@ pub fn render_sends(out: &mut String, scheduler: Option<&SchedulerStats>) {
     out.push_str("# TYPE sends_total counter\n");
     let Some(s) = scheduler else { return };
     for c in s.campaigns.iter() {
-        for (outcome, n) in [("sent", c.sent), ("failed", c.failed)] {
+        for (outcome, n) in [
+            ("sent", c.sent),
+            ("failed", c.failed),
+            ("invalid", c.invalid),
+        ] {
             out.push_str("sends_total{campaign=\"");
             escape_label(out, &c.id);
             let _ = writeln!(out, "\",outcome=\"{outcome}\"}} {n}");

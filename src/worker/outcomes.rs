@@ -47,10 +47,14 @@ pub struct Letter {
 #[derive(Debug)]
 pub enum Record {
     DeadLetter(Box<Letter>),
-    /// The provider said this token is gone for good.
+    /// The provider said this token is gone for good. The device was not delivered,
+    /// so its shared-cap reservation (if any) is released once the token is recorded.
     InvalidToken {
         token: String,
         reason: String,
+        campaign_id: Arc<str>,
+        job_id: String,
+        device: u32,
     },
     /// Offsets committed to Kafka (progress behind them may be pruned).
     Committed(Vec<(i32, i64)>),
@@ -199,8 +203,17 @@ impl OutcomeWriter {
             for (seq, record) in buf.drain(..) {
                 match record {
                     Record::DeadLetter(l) => letters.push((seq, *l)),
-                    Record::InvalidToken { token, reason } => {
+                    Record::InvalidToken {
+                        token,
+                        reason,
+                        campaign_id,
+                        job_id,
+                        device,
+                    } => {
                         self.invalid_token(&token, &reason).await;
+                        if let Some(cap) = &self.shared_cap {
+                            cap.release(&campaign_id, &job_id, device, &token);
+                        }
                         self.written(seq);
                     }
                     Record::Committed(marks) => {

@@ -175,8 +175,14 @@ impl Scheduler {
             .expect("campaign of job");
         c.counter.record(unix_sec, Outcome::Invalid, 1);
         c.invalid += 1;
-        let token = job.job.devices[device as usize].clone();
-        self.queue_record(Record::InvalidToken { token, reason }, None);
+        let record = Record::InvalidToken {
+            token: job.job.devices[device as usize].clone(),
+            reason,
+            campaign_id: c.settings.id.clone(),
+            job_id: job.job.job_id.clone(),
+            device,
+        };
+        self.queue_record(record, None);
     }
 
     fn rejected(
