@@ -98,6 +98,20 @@ pub struct CommonSpec {
     pub max_in_flight: usize,
 }
 
+impl CommonSpec {
+    /// Trusts `ca_pem` besides the webpki roots, 10 s timeout, 100 in flight, no cap:
+    /// a provider on a private gateway or a loopback mock.
+    pub fn trusting(ca_pem: impl Into<Vec<u8>>) -> Self {
+        Self {
+            ca_pem: Some(ca_pem.into()),
+            ca_file: None,
+            max_rate: None,
+            timeout: Duration::from_secs(10),
+            max_in_flight: 100,
+        }
+    }
+}
+
 impl fmt::Debug for CommonSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CommonSpec")

@@ -47,13 +47,7 @@ fn setup(tune: impl FnOnce(&mut MockApnsConfig)) -> Setup {
         endpoint: mock.url(),
         connections: 2,
         token_refresh: Duration::from_secs(50 * 60),
-        common: CommonSpec {
-            ca_pem: Some(ca.ca_pem().into_bytes()),
-            ca_file: None,
-            max_rate: None,
-            timeout: Duration::from_secs(10),
-            max_in_flight: 100,
-        },
+        common: CommonSpec::trusting(ca.ca_pem()),
     };
     Setup { mock, spec }
 }

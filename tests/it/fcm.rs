@@ -23,11 +23,8 @@ fn spec(ca: &TestCa, mock: &FcmMock, margin: Duration, timeout: Duration) -> Fcm
         connections: 2,
         token_refresh_margin: margin,
         common: CommonSpec {
-            ca_pem: Some(ca.ca_pem().into_bytes()),
-            ca_file: None,
-            max_rate: None,
             timeout,
-            max_in_flight: 100,
+            ..CommonSpec::trusting(ca.ca_pem())
         },
     }
 }

@@ -28,13 +28,7 @@ fn spec(ca: &TestCa, key: SecretString, lifetime: Duration) -> WebPushSpec {
         vapid_key_pem: key,
         vapid_subject: "mailto:ops@example.com".into(),
         vapid_lifetime: lifetime,
-        common: CommonSpec {
-            ca_pem: Some(ca.ca_pem().into_bytes()),
-            ca_file: None,
-            max_rate: None,
-            timeout: Duration::from_secs(10),
-            max_in_flight: 100,
-        },
+        common: CommonSpec::trusting(ca.ca_pem()),
     }
 }
 
