@@ -18,6 +18,7 @@ mod pipeline;
 mod poison_headers;
 mod progress;
 mod provider_transport;
+mod providers_e2e;
 mod reliability;
 mod sender;
 mod store;
