@@ -90,12 +90,13 @@ async fn dead_tokens_are_recorded_and_a_second_campaign_skips_them() {
         all_delivered(&mock, &good, 1)
     })
     .await;
-    wait_until("6 tokens recorded and counted invalid", DB_WRITE, || async {
-        env.invalid_tokens().await == 6 && env.counts(&c1).await.invalid == 6
+    wait_until("6 tokens recorded, all counted", DB_WRITE, || async {
+        let c = env.counts(&c1).await;
+        env.invalid_tokens().await == 6 && c.invalid == 6 && c.sent == 10
     })
     .await;
     let c = env.counts(&c1).await;
-    assert_eq!((c.sent, c.failed, c.rejected), (10, 0, 0), "{c:?}");
+    assert_eq!((c.failed, c.retried, c.rejected), (0, 0, 0), "{c:?}");
     assert_eq!(env.dead_letters(&c1).await, 0);
     // The worker's filter has them (reloaded every 200 ms) before campaign 2 starts.
     let hygiene = env.worker.as_ref().and_then(|w| w.hygiene.clone());
@@ -136,17 +137,27 @@ async fn a_device_429_delays_only_that_device() {
     let slow = tokens("429c", 1).remove(0);
     let others = tokens("f1", 30);
     // The 429 device first: the others take 1.5 s at 20/s, it at least TOO_MANY s.
-    let all: Vec<String> = std::iter::once(slow.clone()).chain(others.clone()).collect();
+    let all: Vec<String> = std::iter::once(slow.clone())
+        .chain(others.clone())
+        .collect();
     let c1 = campaign("tmr");
     env.produce(apns_job(&c1, 20.0, &all)).await;
     wait_until("every device delivered", GROUP_JOIN, || async {
         all_delivered(&mock, &all, 1)
     })
     .await;
-    let order: Vec<String> = mock.controls().delivered().into_iter().map(|p| p.token).collect();
+    let order: Vec<String> = mock
+        .controls()
+        .delivered()
+        .into_iter()
+        .map(|p| p.token)
+        .collect();
     assert_eq!(order.len(), all.len(), "each device delivered once");
     assert_eq!(order.last(), Some(&slow), "the 429 device came last");
-    assert_eq!(mock.controls().answers("TooManyRequests"), u64::from(TOO_MANY));
+    assert_eq!(
+        mock.controls().answers("TooManyRequests"),
+        u64::from(TOO_MANY)
+    );
     wait_until("the counts flushed", DB_WRITE, || async {
         env.counts(&c1).await.sent == all.len() as i64
     })
@@ -204,9 +215,11 @@ async fn a_halt_stops_the_campaign_and_resume_delivers_each_device_once() {
         all_delivered(&mock, &devices, 1)
     })
     .await;
-    wait_until("the counts flushed and offset committed", DB_WRITE, || async {
-        env.counts(&c1).await.sent == 30 && env.committed().await >= 1
-    })
+    wait_until(
+        "the counts flushed and offset committed",
+        DB_WRITE,
+        || async { env.counts(&c1).await.sent == 30 && env.committed().await >= 1 },
+    )
     .await;
     assert_eq!(controls.delivered().len(), 30, "no device twice");
     assert_eq!(controls.requests(), failed + 30);
@@ -236,7 +249,10 @@ async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
         env.counts(&c1).await.sent >= devices.len() as i64
     })
     .await;
-    assert!(all_delivered(&mock, &devices, 1), "each device exactly once");
+    assert!(
+        all_delivered(&mock, &devices, 1),
+        "each device exactly once"
+    );
     assert_eq!(mock.controls().delivered().len(), devices.len());
     let goaways = server.goaways();
     assert!(goaways >= 5, "only {goaways} GOAWAYs");

@@ -40,7 +40,12 @@ async fn fcm_tokens_are_refreshed_without_a_failed_send() {
             max_in_flight: 100,
         },
     };
-    let env = Env::start("fcm", ProviderKind::Fcm, FcmSender::new(&spec).expect("sender")).await;
+    let env = Env::start(
+        "fcm",
+        ProviderKind::Fcm,
+        FcmSender::new(&spec).expect("sender"),
+    )
+    .await;
     let devices: Vec<String> = (0..DEVICES).map(|i| format!("fcm-device-{i}")).collect();
     let values: Vec<Value> = devices.iter().map(|d| json!(d)).collect();
     let c1 = campaign("fcm");
@@ -55,8 +60,15 @@ async fn fcm_tokens_are_refreshed_without_a_failed_send() {
         env.counts(&c1).await.sent == DEVICES as i64
     })
     .await;
-    assert!(devices.iter().all(|d| mock.delivered(d) == 1), "a device twice");
-    assert_eq!(mock.sends(), DEVICES as u64, "every send accepted first time");
+    assert!(
+        devices.iter().all(|d| mock.delivered(d) == 1),
+        "a device twice"
+    );
+    assert_eq!(
+        mock.sends(),
+        DEVICES as u64,
+        "every send accepted first time"
+    );
     assert_eq!(mock.unauthenticated(), 0, "a send with an expired token");
     let c = env.counts(&c1).await;
     assert_eq!((c.retried, c.failed, c.rejected), (0, 0, 0), "{c:?}");
@@ -69,7 +81,10 @@ async fn fcm_tokens_are_refreshed_without_a_failed_send() {
     .fetch_one(&env.pool)
     .await
     .expect("span");
-    assert!(span > 2.0 * TOKEN_LIFE.as_secs_f64(), "sent over {span} s only");
+    assert!(
+        span > 2.0 * TOKEN_LIFE.as_secs_f64(),
+        "sent over {span} s only"
+    );
     let grants = mock.grants();
     assert!(grants >= 3, "{grants} token grants in {span} s");
     env.stop().await;

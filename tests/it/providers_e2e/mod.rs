@@ -30,6 +30,7 @@ pub const DB_WRITE: Duration = Duration::from_secs(30);
 pub struct Env {
     pub pool: PgPool,
     pub topic: String,
+    pub group: String,
     pub worker: Option<Worker>,
 }
 
@@ -39,10 +40,11 @@ impl Env {
     pub async fn start(name: &str, kind: ProviderKind, sender: impl Sender + 'static) -> Env {
         let (pool, db_url) = fresh_database().await;
         let topic = fresh_topic(1).await;
+        let group = unique_name("g");
         let settings = test_settings(&[
             ("kafka.brokers", brokers()),
             ("kafka.topic", topic.clone()),
-            ("kafka.group_id", unique_name("g")),
+            ("kafka.group_id", group.clone()),
             ("database.url", db_url),
             ("worker.stats_flush_ms", "200".into()),
             ("hygiene.reload_ms", "200".into()),
@@ -61,6 +63,7 @@ impl Env {
         Env {
             pool,
             topic,
+            group,
             worker: Some(worker),
         }
     }
@@ -133,13 +136,30 @@ impl Env {
             .expect("invalid_tokens")
     }
 
-    /// The offset committed for the topic's partition 0 (the next one to consume).
+    /// The group's offset committed in the broker for partition 0 (the next one to
+    /// consume; -1 when none is).
     pub async fn committed(&self) -> i64 {
-        self.scalar(
-            "SELECT coalesce(max(committed_offset), -1) FROM committed_offsets WHERE topic = $1",
-            &self.topic,
-        )
-        .await
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+        let (topic, group) = (self.topic.clone(), self.group.clone());
+        let ask = move || {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", brokers())
+                .set("group.id", &group)
+                .create()
+                .expect("consumer");
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&topic, 0);
+            let got = consumer
+                .committed_offsets(tpl, Duration::from_secs(10))
+                .expect("committed offsets");
+            let offset = got.elements().first().map(|e| e.offset());
+            match offset {
+                Some(Offset::Offset(o)) => o,
+                _ => -1,
+            }
+        };
+        tokio::task::spawn_blocking(ask).await.expect("committed")
     }
 
     pub async fn stop(mut self) {

@@ -60,7 +60,10 @@ async fn webpush_plaintext_decrypts_to_the_jobs_payload() {
     })
     .await;
     for id in &ids_a {
-        assert_eq!(mock.received(id), vec![STRING_PAYLOAD.1.as_bytes().to_vec()]);
+        assert_eq!(
+            mock.received(id),
+            vec![STRING_PAYLOAD.1.as_bytes().to_vec()]
+        );
     }
     for id in &ids_b {
         assert_eq!(mock.received(id), vec![OBJECT_PAYLOAD.as_bytes().to_vec()]);
