@@ -229,18 +229,19 @@ async fn a_halt_stops_the_campaign_and_resume_delivers_each_device_once() {
     env.stop().await;
 }
 
-/// GOAWAY after this many streams on each connection: a few dozen reconnections over
-/// the campaign.
-const GOAWAY_AFTER: u64 = 20;
+/// GOAWAY after this many streams on each connection: 600 devices at 20,000/s (all in
+/// flight together) make at least 5 GOAWAYs, with streams in flight above each one's
+/// last stream id (refused, never processed: 85 to 301 per run when this was written).
+const GOAWAY_AFTER: u64 = 100;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
     let (mock, env) = start(|_| {}).await;
     let server = mock.server().controls();
     server.set_goaway_after_streams(Some(GOAWAY_AFTER));
-    let devices = tokens("f3", 300);
+    let devices = tokens("f3", 600);
     let c1 = campaign("goaway");
-    env.produce(apns_job(&c1, 1000.0, &devices)).await;
+    env.produce(apns_job(&c1, 20000.0, &devices)).await;
     wait_until("every device delivered", GROUP_JOIN, || async {
         mock.controls().delivered().len() >= devices.len()
     })
@@ -249,20 +250,23 @@ async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
         env.counts(&c1).await.sent >= devices.len() as i64
     })
     .await;
-    assert!(
-        all_delivered(&mock, &devices, 1),
-        "each device exactly once"
-    );
-    assert_eq!(mock.controls().delivered().len(), devices.len());
-    let goaways = server.goaways();
+    let seen = mock.controls().delivered_tokens();
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "sent more than once: {twice:?}");
+    assert!(all_delivered(&mock, &devices, 1), "a device lost");
+    // The handler saw each request once: refused streams never reach it.
+    assert_eq!(mock.controls().requests(), devices.len() as u64);
+    let (goaways, refused) = (server.goaways(), server.refused_streams());
     assert!(goaways >= 5, "only {goaways} GOAWAYs");
-    eprintln!(
-        "{goaways} GOAWAYs, {} streams refused, {} connections",
-        server.refused_streams(),
-        server.connections()
+    assert!(
+        refused > 0,
+        "no stream was refused: the resend path was not used"
     );
     let c = env.counts(&c1).await;
+    eprintln!("{goaways} GOAWAYs, {refused} streams refused; {c:?}");
     assert_eq!(c.sent, devices.len() as i64, "{c:?}");
-    assert_eq!((c.failed, c.retried, c.rejected), (0, 0, 0), "{c:?}");
+    // `retried` may count sends the transport gave up resending after 4 refusals (the
+    // scheduler sent them again); none failed, none was processed twice.
+    assert_eq!((c.failed, c.rejected, c.invalid), (0, 0, 0), "{c:?}");
     env.stop().await;
 }
