@@ -19,6 +19,7 @@ mod poison_headers;
 mod progress;
 mod provider_transport;
 mod providers_cli;
+mod providers_e2e;
 mod reliability;
 mod sender;
 mod store;
