@@ -24,8 +24,10 @@
 //! publishing delay, which mostly cancels. Each phase's send curve is written to
 //! `<out-dir>/<run>-<phase>-sends.csv`.
 
+pub mod mockcmd;
 mod phases;
 mod process;
+mod providers;
 mod report;
 
 pub use phases::{pacing_distribution, pacing_rates};
@@ -85,15 +87,24 @@ pub enum Phase {
     H2c,
     Backlog,
     Pacing,
+    /// APNs over TLS + HTTP/2 to `pushpace mock apns` (a process).
+    Apns,
+    /// FCM HTTP v1 to `pushpace mock fcm`.
+    Fcm,
+    /// Web Push (encryption + VAPID) to `pushpace mock webpush`.
+    Webpush,
 }
 
 impl Phase {
-    const ALL: [Phase; 7] = [
+    const ALL: [Phase; 10] = [
         Phase::Consumer,
         Phase::Null,
         Phase::Http1,
         Phase::Http1Reqwest,
         Phase::H2c,
+        Phase::Apns,
+        Phase::Fcm,
+        Phase::Webpush,
         Phase::Backlog,
         Phase::Pacing,
     ];
@@ -107,6 +118,9 @@ impl Phase {
             Phase::H2c => "h2c",
             Phase::Backlog => "backlog",
             Phase::Pacing => "pacing",
+            Phase::Apns => "apns",
+            Phase::Fcm => "fcm",
+            Phase::Webpush => "webpush",
         }
     }
 }
@@ -140,6 +154,12 @@ pub struct BenchArgs {
     /// Sends in flight at once in the throughput phases (`sender.max_in_flight`).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_in_flight: u32,
+    /// Devices in the webpush phase (each message is encrypted: far slower).
+    #[arg(long, default_value_t = 20_000)]
+    pub webpush_devices: usize,
+    /// `connections` of the APNs and FCM providers (default: the provider's default).
+    #[arg(long)]
+    pub provider_connections: Option<usize>,
     /// Where worker and sink logs go.
     #[arg(long, default_value = "target/bench")]
     pub out_dir: PathBuf,
@@ -218,6 +238,11 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
                 databases.push(db.clone());
                 ctx.backlog(&topic, &db, args).await?
             }
+            Phase::Apns | Phase::Fcm | Phase::Webpush => {
+                let db = ctx.database(phase.name());
+                databases.push(db.clone());
+                ctx.provider_phase(phase, args, &db).await?
+            }
             Phase::Pacing => {
                 let topic = ctx.topic("pacing");
                 let db = ctx.database("pacing");
@@ -287,10 +312,20 @@ impl Ctx {
     }
 
     async fn produce(&self, topic: &str, plan: &ProducePlan) -> Result<(), BenchError> {
+        self.produce_styled(topic, plan, &produce::TokenStyle::Plain)
+            .await
+    }
+
+    async fn produce_styled(
+        &self,
+        topic: &str,
+        plan: &ProducePlan,
+        style: &produce::TokenStyle,
+    ) -> Result<(), BenchError> {
         let brokers = &self.settings.kafka.brokers;
         crate::broker::ensure_topic(brokers, topic, self.settings.kafka.partitions).await?;
         let bar = progress_bar(plan.total_devices() as u64, "producing");
-        produce::produce(brokers, topic, plan, |d| bar.inc(d as u64)).await?;
+        produce::produce_styled(brokers, topic, plan, style, |d| bar.inc(d as u64)).await?;
         bar.finish_and_clear();
         eprintln!(
             "[bench] produced {} jobs, {} devices to {topic}",
@@ -456,6 +491,7 @@ impl Ctx {
             peak_rss_mb: peak,
             statements_per_flush: (flush.flushes > 0.0).then(|| flush.statements / flush.flushes),
             server_statements_per_flush: server,
+            peer_cpu_s_per_million: sink_cpu.map(|c| c / (sent as f64 / 1e6)),
             note,
         })
     }

@@ -13,6 +13,8 @@ pub struct PhaseResult {
     pub peak_rss_mb: Option<f64>,
     pub statements_per_flush: Option<f64>,
     pub server_statements_per_flush: Option<f64>,
+    /// CPU of the process at the other end (sink or provider mock), s per 1M sends.
+    pub peer_cpu_s_per_million: Option<f64>,
     pub note: String,
 }
 
@@ -84,6 +86,7 @@ pub fn render_table(report: &BenchReport) -> String {
             "http1 (hyper connections) / http1-reqwest: {ratio:.2}× the send rate\n"
         ));
     }
+    out.push_str(&provider_ratios(report));
     if let Some(p) = &report.pacing {
         out.push_str(&format!(
             "pacing: {} campaigns summing to {:.0}/s, {} campaign-seconds: |achieved − rate| / rate p50 {:.2}% p99 {:.2}% max {:.2}%; largest second {:.3}× its rate\n",
@@ -94,6 +97,34 @@ pub fn render_table(report: &BenchReport) -> String {
             p.p99 * 100.0,
             p.max * 100.0,
             p.max_over_rate
+        ));
+    }
+    out
+}
+
+/// `apns / h2c: 0.NN×` lines: each provider phase against the h2c webhook phase of the
+/// same run (send rate, and worker CPU per send in µs).
+fn provider_ratios(report: &BenchReport) -> String {
+    let Some(h2c) = report.phases.iter().find(|r| r.phase == "h2c") else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for r in report.phases.iter().filter(|r| {
+        matches!(r.phase.as_str(), "apns" | "fcm" | "webpush")
+    }) {
+        let cpu = match (r.cpu_s_per_million, h2c.cpu_s_per_million) {
+            (Some(a), Some(b)) => format!(
+                ", worker CPU {a:.2} µs per send vs {b:.2} ({:.2}×)",
+                a / b
+            ),
+            _ => String::new(),
+        };
+        out.push_str(&format!(
+            "{} / h2c: {:.2}× the send rate ({:.0}/s vs {:.0}/s){cpu}\n",
+            r.phase,
+            r.per_second / h2c.per_second,
+            r.per_second,
+            h2c.per_second
         ));
     }
     out
