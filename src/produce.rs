@@ -105,28 +105,31 @@ impl ProducePlan {
             .unwrap_or(0);
         (0..max_jobs).flat_map(move |j| {
             let payload = payload.clone();
-            self.campaigns.iter().enumerate().filter_map(move |(ci, c)| {
-                let start = j * self.job_size;
-                if start >= c.devices {
-                    return None;
-                }
-                let end = (start + self.job_size).min(c.devices);
-                let devices = (start..end)
-                    .map(|d| style.device(&self.run_id, &c.id, ci, d))
-                    .collect();
-                let job = Job::new(
-                    format!("{}-{}-job-{j:05}", self.run_id, c.id),
-                    c.id.clone(),
-                    devices,
-                    payload.clone(),
-                )
-                .expect("generated jobs follow the rules")
-                .with_send_rate(c.send_rate);
-                Some(match self.algorithm {
-                    Some(a) => job.with_algorithm(a),
-                    None => job,
+            self.campaigns
+                .iter()
+                .enumerate()
+                .filter_map(move |(ci, c)| {
+                    let start = j * self.job_size;
+                    if start >= c.devices {
+                        return None;
+                    }
+                    let end = (start + self.job_size).min(c.devices);
+                    let devices = (start..end)
+                        .map(|d| style.device(&self.run_id, &c.id, ci, d))
+                        .collect();
+                    let job = Job::new(
+                        format!("{}-{}-job-{j:05}", self.run_id, c.id),
+                        c.id.clone(),
+                        devices,
+                        payload.clone(),
+                    )
+                    .expect("generated jobs follow the rules")
+                    .with_send_rate(c.send_rate);
+                    Some(match self.algorithm {
+                        Some(a) => job.with_algorithm(a),
+                        None => job,
+                    })
                 })
-            })
         })
     }
 }
@@ -136,8 +139,10 @@ impl ProducePlan {
 pub enum TokenStyle {
     /// `<run>-<campaign>-dev-<n>`, a generic JSON body (the webhook).
     Plain,
-    /// 64 hex digits (campaign index, device index), an `aps` payload.
-    ApnsHex,
+    /// 64 hex digits (campaign index + 1, device index), an `aps` payload. The first
+    /// device of campaign `dead` (an index), if given, gets a token the APNs mock
+    /// answers `410 Unregistered` (the demo shows it recorded as invalid).
+    ApnsHex { dead: Option<usize> },
     /// A plain token and the fields of an FCM `message` (a notification).
     Fcm,
     /// Subscription JSON of the Web Push mock's deterministic scheme.
@@ -150,7 +155,9 @@ impl TokenStyle {
             TokenStyle::Plain | TokenStyle::WebPush(_) => {
                 r#"{"title":"pushpace","body":"paced hello"}"#
             }
-            TokenStyle::ApnsHex => r#"{"aps":{"alert":{"title":"pushpace","body":"paced hello"}}}"#,
+            TokenStyle::ApnsHex { .. } => {
+                r#"{"aps":{"alert":{"title":"pushpace","body":"paced hello"}}}"#
+            }
             TokenStyle::Fcm => r#"{"notification":{"title":"pushpace","body":"paced hello"}}"#,
         }
     }
@@ -160,7 +167,10 @@ impl TokenStyle {
         match self {
             TokenStyle::Plain | TokenStyle::Fcm => format!("{run_id}-{campaign}-dev-{d:07}"),
             // Leading zeros: never one of the mock's error markers (`410a`, `5000`…).
-            TokenStyle::ApnsHex => format!("{:016x}{:048x}", ci + 1, d),
+            TokenStyle::ApnsHex { dead } if *dead == Some(ci) && d == 0 => {
+                format!("410a{:012x}{:048x}", ci + 1, d)
+            }
+            TokenStyle::ApnsHex { .. } => format!("{:016x}{:048x}", ci + 1, d),
             TokenStyle::WebPush(subs) => subs.subscription((ci as u64) << 32 | d as u64),
         }
     }

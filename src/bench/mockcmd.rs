@@ -102,7 +102,10 @@ impl Running {
 /// Runs the mock until SIGTERM or ctrl-c.
 pub async fn run(args: &MockArgs) -> Result<(), BenchError> {
     if !args.bind.ip().is_loopback() {
-        return Err(super::phase_err("mock", "--bind must be a loopback address"));
+        return Err(super::phase_err(
+            "mock",
+            "--bind must be a loopback address",
+        ));
     }
     std::fs::create_dir_all(&args.dir)?;
     let dir = std::path::absolute(&args.dir)?;
@@ -173,7 +176,10 @@ fn start(
                 ..Default::default()
             };
             let mock = FcmMock::start_with(ca, config)?;
-            write_secret(&dir.join("service_account.json"), &mock.service_account_json())?;
+            write_secret(
+                &dir.join("service_account.json"),
+                &mock.service_account_json(),
+            )?;
             settings.insert("service_account_file".into(), path("service_account.json"));
             settings.insert("endpoint".into(), mock.url());
             Running::Fcm(mock)
@@ -201,7 +207,14 @@ fn start(
         Running::Fcm(m) => m.url(),
         Running::WebPush(m) => m.origin(),
     };
-    Ok((running, MockInfo { url, settings, seed }))
+    Ok((
+        running,
+        MockInfo {
+            url,
+            settings,
+            seed,
+        },
+    ))
 }
 
 /// Writes a key file readable by its owner only.

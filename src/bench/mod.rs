@@ -37,8 +37,8 @@ use crate::config::Settings;
 use crate::limiter::Rate;
 use crate::produce::{self, ProducePlan};
 use process::{
-    cpu_seconds, free_port, progress_bar, server_statements_per_flush, sink_requests,
-    stop_child, wait_for_port, WorkerProcess,
+    cpu_seconds, free_port, progress_bar, server_statements_per_flush, sink_requests, stop_child,
+    wait_for_port, WorkerProcess,
 };
 use secrecy::ExposeSecret;
 use serde::Serialize;
@@ -171,7 +171,6 @@ pub struct BenchArgs {
     pub keep: bool,
 }
 
-
 /// Runs the harness; prints the table and returns the report.
 pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, BenchError> {
     let phases: Vec<Phase> = if args.phases.is_empty() {
@@ -281,7 +280,6 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
     Ok(report)
 }
 
-
 struct Ctx {
     settings: Settings,
     run_id: String,
@@ -289,7 +287,6 @@ struct Ctx {
     exe: PathBuf,
     max_in_flight: u32,
 }
-
 
 impl Ctx {
     fn topic(&self, what: &str) -> String {

@@ -198,7 +198,6 @@ impl Ctx {
         };
         Ok((result, pacing))
     }
-
 }
 
 /// `n` rates spread evenly from `lowest` up, summing to `total`.

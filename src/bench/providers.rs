@@ -26,7 +26,7 @@ impl Ctx {
         let dir = self.out_dir.join(format!("{}-{name}-mock", self.run_id));
         let (mut mock, info) = self.start_mock(name, &dir).await?;
         let style = match phase {
-            Phase::Apns => TokenStyle::ApnsHex,
+            Phase::Apns => TokenStyle::ApnsHex { dead: None },
             Phase::Fcm => TokenStyle::Fcm,
             _ => {
                 let seed = info.seed.as_deref().and_then(mockcmd::parse_seed);
@@ -57,7 +57,10 @@ impl Ctx {
             ),
             ("PUSHPACE__SENDER__DEFAULT_PROVIDER".into(), name.into()),
             // No provider cap (FCM's default is its quota, 10,000/s).
-            (format!("PUSHPACE__PROVIDERS__{upper}__MAX_RATE"), "0".into()),
+            (
+                format!("PUSHPACE__PROVIDERS__{upper}__MAX_RATE"),
+                "0".into(),
+            ),
             (
                 format!("PUSHPACE__PROVIDERS__{upper}__MAX_IN_FLIGHT"),
                 self.max_in_flight.to_string(),
@@ -73,7 +76,8 @@ impl Ctx {
             let key = format!("PUSHPACE__PROVIDERS__{upper}__{}", k.to_ascii_uppercase());
             extra.push((key, v.clone()));
         }
-        let extra: Vec<(&str, String)> = extra.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let extra: Vec<(&str, String)> =
+            extra.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         let total = plan.total_devices() as u64;
         let started = self.start_worker(name, &topic, db, &extra).await;
         let mut w = match started {
@@ -117,7 +121,11 @@ impl Ctx {
     }
 
     /// `pushpace mock <name>` on a free port; waits for its `provider.json`.
-    async fn start_mock(&self, name: &'static str, dir: &Path) -> Result<(Child, MockInfo), BenchError> {
+    async fn start_mock(
+        &self,
+        name: &'static str,
+        dir: &Path,
+    ) -> Result<(Child, MockInfo), BenchError> {
         let _ = std::fs::remove_dir_all(dir);
         let port = free_port()?;
         let log = std::fs::File::create(
@@ -144,7 +152,10 @@ impl Ctx {
             }
             if child.try_wait()?.is_some() || Instant::now() > deadline {
                 stop_child(&mut child).await;
-                return Err(phase_err(name, "the mock process did not start (see its log)"));
+                return Err(phase_err(
+                    name,
+                    "the mock process did not start (see its log)",
+                ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

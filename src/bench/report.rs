@@ -109,14 +109,15 @@ fn provider_ratios(report: &BenchReport) -> String {
         return String::new();
     };
     let mut out = String::new();
-    for r in report.phases.iter().filter(|r| {
-        matches!(r.phase.as_str(), "apns" | "fcm" | "webpush")
-    }) {
+    for r in report
+        .phases
+        .iter()
+        .filter(|r| matches!(r.phase.as_str(), "apns" | "fcm" | "webpush"))
+    {
         let cpu = match (r.cpu_s_per_million, h2c.cpu_s_per_million) {
-            (Some(a), Some(b)) => format!(
-                ", worker CPU {a:.2} µs per send vs {b:.2} ({:.2}×)",
-                a / b
-            ),
+            (Some(a), Some(b)) => {
+                format!(", worker CPU {a:.2} µs per send vs {b:.2} ({:.2}×)", a / b)
+            }
             _ => String::new(),
         };
         out.push_str(&format!(

@@ -513,7 +513,10 @@ impl State {
             return error.response();
         }
         if self.config.count_only {
-            return json_response(200, &json!({ "name": format!("projects/{}/messages/0", self.config.project_id) }));
+            return json_response(
+                200,
+                &json!({ "name": format!("projects/{}/messages/0", self.config.project_id) }),
+            );
         }
         *self.counters.delivered.lock().entry(token).or_insert(0) += 1;
         let mut bodies = self.counters.bodies.lock();

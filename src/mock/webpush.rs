@@ -340,7 +340,9 @@ impl State {
             .ok_or_else(|| refuse(401, "missing VAPID Authorization"))?;
         let cached = {
             let last = self.verified.lock();
-            last.as_ref().filter(|(a, _)| *a == auth).map(|(_, v)| v.clone())
+            last.as_ref()
+                .filter(|(a, _)| *a == auth)
+                .map(|(_, v)| v.clone())
         };
         let v = match cached {
             Some(v) => v,
