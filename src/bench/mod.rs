@@ -332,6 +332,7 @@ impl Ctx {
         Ok(())
     }
 
+    /// Starts `pushpace run` on `topic` with a fresh database and the given extra settings.
     async fn start_worker(
         &self,
         phase: &'static str,

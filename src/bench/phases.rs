@@ -68,8 +68,6 @@ impl Ctx {
         })
     }
 
-    /// Starts `pushpace run` on `topic` with a fresh database and the given extra settings.
-
     /// Peak RSS with a slow campaign's million devices waiting in Kafka.
     pub(super) async fn backlog(
         &self,

@@ -30,6 +30,8 @@ struct Seen {
     duplicates: u64,
     max_1s: u64,
     first: Option<Instant>,
+    /// Delivered at the first tick that saw any.
+    first_count: u64,
     last: Option<Instant>,
 }
 
@@ -95,7 +97,9 @@ pub(super) async fn run(
             let s = &mut seen[i];
             let last_1s = distinct.saturating_sub(s.distinct);
             if last_1s > 0 {
-                s.first.get_or_insert(now);
+                if s.first.is_none() {
+                    (s.first, s.first_count) = (Some(now), distinct);
+                }
                 s.last = Some(now);
             }
             s.max_1s = s.max_1s.max(last_1s);
@@ -128,11 +132,13 @@ pub(super) async fn run(
         .zip(algorithms)
         .zip(&seen)
         .map(|((c, algorithm), s)| {
-            // Ticks are 1 s apart: the span from the first to the last tick with sends.
+            // Between the first and the last tick that saw sends (ticks are 1 s apart;
+            // what came before the first tick is left out of the rate).
             let span = match (s.first, s.last) {
-                (Some(a), Some(b)) => (b - a).as_secs_f64() + 1.0,
+                (Some(a), Some(b)) => (b - a).as_secs_f64(),
                 _ => 0.0,
             };
+            let between = s.distinct - s.first_count;
             DemoRow {
                 campaign: c.id.clone(),
                 algorithm,
@@ -141,7 +147,7 @@ pub(super) async fn run(
                 delivered_distinct: s.distinct,
                 duplicates: s.duplicates,
                 mean_rate: if span > 0.0 {
-                    s.distinct as f64 / span
+                    between as f64 / span
                 } else {
                     0.0
                 },
@@ -151,6 +157,7 @@ pub(super) async fn run(
         })
         .collect();
     println!("\n{}", summary_table(&rows));
+    println!("(the first campaign's one lost device is the dead token)");
     print_answers(&mock, &pool, &dead).await;
     Ok(rows)
 }

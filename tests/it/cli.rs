@@ -214,8 +214,8 @@ async fn the_apns_mock_process_serves_the_adapter_with_the_files_it_writes() {
     };
     let sender = ApnsSender::new(&spec).expect("sender");
     let job = pushpace::job::Job::new(
-        "j1".into(),
-        "c1".into(),
+        String::from("j1"),
+        String::from("c1"),
         vec!["ab".repeat(32)],
         serde_json::value::RawValue::from_string(r#"{"aps":{"alert":"hi"}}"#.into()).unwrap(),
     )
@@ -239,7 +239,15 @@ async fn the_apns_mock_process_serves_the_adapter_with_the_files_it_writes() {
 fn the_demo_with_the_apns_mock_delivers_and_records_the_dead_token() {
     let db = format!("{}/{}", pg_server(), unique_name("pushpace_demo_apns"));
     let (ok, out, err) = run(pushpace_bin()
-        .args(["demo", "--provider", "apns", "--duration", "2", "--campaigns", "2"])
+        .args([
+            "demo",
+            "--provider",
+            "apns",
+            "--duration",
+            "2",
+            "--campaigns",
+            "2",
+        ])
         .env("PUSHPACE__KAFKA__BROKERS", "embedded")
         .env("PUSHPACE__DATABASE__URL", &db)
         .env("PUSHPACE__HTTP__BIND", "127.0.0.1:0"));
