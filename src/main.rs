@@ -93,6 +93,9 @@ enum Command {
     /// The end-to-end benchmark: a plain consumer against the worker (null and HTTP
     /// senders), peak RSS behind a slow campaign, and pacing at scale; prints a table.
     Bench(pushpace::bench::BenchArgs),
+    /// A loopback APNs, FCM or Web Push mock over TLS, as its own process; writes the
+    /// CA, credentials and `[providers.*]` settings to --dir.
+    Mock(pushpace::bench::mockcmd::MockArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -196,6 +199,7 @@ async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
             pushpace::bench::run(&settings, &args).await?;
             Ok(())
         }
+        Command::Mock(args) => Ok(pushpace::bench::mockcmd::run(&args).await?),
         Command::Sink(args) => {
             let config = pushpace::sink::SinkConfig {
                 bind: args.bind,

@@ -88,11 +88,15 @@ impl ProducePlan {
             .sum()
     }
 
-    /// The jobs, interleaved across campaigns.
+    /// The jobs, interleaved across campaigns, with plain tokens.
     pub fn jobs(&self) -> impl Iterator<Item = Job> + '_ {
+        self.jobs_with(&TokenStyle::Plain)
+    }
+
+    /// The jobs with devices and payload shaped for one kind of provider.
+    pub fn jobs_with<'a>(&'a self, style: &'a TokenStyle) -> impl Iterator<Item = Job> + 'a {
         let payload: Box<RawValue> =
-            RawValue::from_string(r#"{"title":"pushpace","body":"paced hello"}"#.to_string())
-                .expect("static JSON");
+            RawValue::from_string(style.payload().to_string()).expect("static JSON");
         let max_jobs = self
             .campaigns
             .iter()
@@ -101,29 +105,74 @@ impl ProducePlan {
             .unwrap_or(0);
         (0..max_jobs).flat_map(move |j| {
             let payload = payload.clone();
-            self.campaigns.iter().filter_map(move |c| {
-                let start = j * self.job_size;
-                if start >= c.devices {
-                    return None;
-                }
-                let end = (start + self.job_size).min(c.devices);
-                let devices = (start..end)
-                    .map(|d| format!("{}-{}-dev-{d:07}", self.run_id, c.id))
-                    .collect();
-                let job = Job::new(
-                    format!("{}-{}-job-{j:05}", self.run_id, c.id),
-                    c.id.clone(),
-                    devices,
-                    payload.clone(),
-                )
-                .expect("generated jobs follow the rules")
-                .with_send_rate(c.send_rate);
-                Some(match self.algorithm {
-                    Some(a) => job.with_algorithm(a),
-                    None => job,
+            self.campaigns
+                .iter()
+                .enumerate()
+                .filter_map(move |(ci, c)| {
+                    let start = j * self.job_size;
+                    if start >= c.devices {
+                        return None;
+                    }
+                    let end = (start + self.job_size).min(c.devices);
+                    let devices = (start..end)
+                        .map(|d| style.device(&self.run_id, &c.id, ci, d))
+                        .collect();
+                    let job = Job::new(
+                        format!("{}-{}-job-{j:05}", self.run_id, c.id),
+                        c.id.clone(),
+                        devices,
+                        payload.clone(),
+                    )
+                    .expect("generated jobs follow the rules")
+                    .with_send_rate(c.send_rate);
+                    Some(match self.algorithm {
+                        Some(a) => job.with_algorithm(a),
+                        None => job,
+                    })
                 })
-            })
         })
+    }
+}
+
+/// How generated devices and payloads look, per provider kind.
+#[derive(Debug, Clone)]
+pub enum TokenStyle {
+    /// `<run>-<campaign>-dev-<n>`, a generic JSON body (the webhook).
+    Plain,
+    /// 64 hex digits (campaign index + 1, device index), an `aps` payload. The first
+    /// device of campaign `dead` (an index), if given, gets a token the APNs mock
+    /// answers `410 Unregistered` (the demo shows it recorded as invalid).
+    ApnsHex { dead: Option<usize> },
+    /// A plain token and the fields of an FCM `message` (a notification).
+    Fcm,
+    /// Subscription JSON of the Web Push mock's deterministic scheme.
+    WebPush(crate::mock::webpush::SeededSubscriptions),
+}
+
+impl TokenStyle {
+    fn payload(&self) -> &'static str {
+        match self {
+            TokenStyle::Plain | TokenStyle::WebPush(_) => {
+                r#"{"title":"pushpace","body":"paced hello"}"#
+            }
+            TokenStyle::ApnsHex { .. } => {
+                r#"{"aps":{"alert":{"title":"pushpace","body":"paced hello"}}}"#
+            }
+            TokenStyle::Fcm => r#"{"notification":{"title":"pushpace","body":"paced hello"}}"#,
+        }
+    }
+
+    /// Device `d` of campaign `campaign` (its index `ci` in the plan).
+    pub fn device(&self, run_id: &str, campaign: &str, ci: usize, d: usize) -> String {
+        match self {
+            TokenStyle::Plain | TokenStyle::Fcm => format!("{run_id}-{campaign}-dev-{d:07}"),
+            // Leading zeros: never one of the mock's error markers (`410a`, `5000`…).
+            TokenStyle::ApnsHex { dead } if *dead == Some(ci) && d == 0 => {
+                format!("410a{:012x}{:048x}", ci + 1, d)
+            }
+            TokenStyle::ApnsHex { .. } => format!("{:016x}{:048x}", ci + 1, d),
+            TokenStyle::WebPush(subs) => subs.subscription((ci as u64) << 32 | d as u64),
+        }
     }
 }
 
@@ -132,13 +181,24 @@ pub async fn produce(
     bootstrap: &str,
     topic: &str,
     plan: &ProducePlan,
+    progress: impl FnMut(usize),
+) -> Result<usize, BrokerError> {
+    produce_styled(bootstrap, topic, plan, &TokenStyle::Plain, progress).await
+}
+
+/// [`produce`] with devices and payload in a provider's shape.
+pub async fn produce_styled(
+    bootstrap: &str,
+    topic: &str,
+    plan: &ProducePlan,
+    style: &TokenStyle,
     mut progress: impl FnMut(usize),
 ) -> Result<usize, BrokerError> {
     let producer: FutureProducer = broker::producer_config(bootstrap).create()?;
     let mut pending = futures::stream::FuturesUnordered::new();
     let mut sent = 0usize;
     use futures::StreamExt;
-    for job in plan.jobs() {
+    for job in plan.jobs_with(style) {
         let value = job.to_json();
         let key = job.campaign_id.clone();
         let devices = job.devices.len();

@@ -159,6 +159,10 @@ pub struct FcmMockConfig {
     pub expires_in: Duration,
     /// The service account's key (PKCS#8 PEM); a fresh RSA 2048 key when `None`.
     pub key_pem: Option<String>,
+    /// Keep counts only, not per-token counts or bodies (bench volumes).
+    pub count_only: bool,
+    /// Where to listen (default 127.0.0.1, a free port).
+    pub bind: Option<std::net::SocketAddr>,
 }
 
 impl Default for FcmMockConfig {
@@ -168,6 +172,8 @@ impl Default for FcmMockConfig {
             client_email: "sender@pushpace-mock.iam.gserviceaccount.com".into(),
             expires_in: Duration::from_secs(3600),
             key_pem: None,
+            count_only: false,
+            bind: None,
         }
     }
 }
@@ -252,7 +258,8 @@ impl FcmMock {
             changed: Notify::new(),
         });
         let handler = Arc::new(FcmHandler(Arc::clone(&state)));
-        let server = MockServer::start(ca, handler, Knobs::default())?;
+        let bind = state.config.bind.unwrap_or(([127, 0, 0, 1], 0).into());
+        let server = MockServer::start_on(bind, ca, handler, Knobs::default())?;
         let _ = state.token_uri.set(format!("{}/token", server.url()));
         Ok(FcmMock {
             server,
@@ -504,6 +511,12 @@ impl State {
         let forced = *self.forced.lock();
         if let Some(error) = forced.or_else(|| FcmError::for_token(&token)) {
             return error.response();
+        }
+        if self.config.count_only {
+            return json_response(
+                200,
+                &json!({ "name": format!("projects/{}/messages/0", self.config.project_id) }),
+            );
         }
         *self.counters.delivered.lock().entry(token).or_insert(0) += 1;
         let mut bodies = self.counters.bodies.lock();

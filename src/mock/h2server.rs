@@ -170,7 +170,17 @@ impl MockServer {
         handler: Arc<H>,
         knobs: Knobs,
     ) -> std::io::Result<MockServer> {
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        Self::start_on(([127, 0, 0, 1], 0).into(), ca, handler, knobs)
+    }
+
+    /// [`MockServer::start`] on a given address (`pushpace mock --bind`).
+    pub fn start_on<H: Handler>(
+        bind: SocketAddr,
+        ca: &TestCa,
+        handler: Arc<H>,
+        knobs: Knobs,
+    ) -> std::io::Result<MockServer> {
+        let std_listener = std::net::TcpListener::bind(bind)?;
         std_listener.set_nonblocking(true)?;
         let listener = TcpListener::from_std(std_listener)?;
         let addr = listener.local_addr()?;

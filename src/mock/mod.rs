@@ -9,5 +9,6 @@
 pub mod apns;
 pub mod fcm;
 pub mod h2server;
+pub mod seeded;
 pub mod tls;
 pub mod webpush;

@@ -18,7 +18,10 @@ use p256::elliptic_curve::sec1::ToEncodedPoint;
 use p256::SecretKey;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
+
+pub use super::seeded::SeededSubscriptions;
 
 /// Largest body a push service takes.
 pub const MAX_BODY: usize = 4096;
@@ -74,6 +77,13 @@ struct State {
     /// The VAPID key (`k=`) subscriptions were made with, when one is required.
     expected_key: Mutex<Option<String>>,
     next_id: Mutex<u64>,
+    /// Subscriptions `d<i>` derived from a seed (benchmarks).
+    seeded: OnceLock<SeededSubscriptions>,
+    /// Keep counts only: no request log, no plaintexts (bench volumes).
+    count_only: AtomicBool,
+    delivered: AtomicU64,
+    /// The last Authorization header that verified, to skip re-verifying its signature.
+    verified: Mutex<Option<(String, vapid::Verified)>>,
 }
 
 /// The running mock.
@@ -86,11 +96,33 @@ impl WebPushMock {
     /// Starts a push service on a loopback port with a certificate from `ca` (inside a
     /// tokio runtime).
     pub fn start(ca: &TestCa) -> std::io::Result<Self> {
+        Self::start_on(([127, 0, 0, 1], 0).into(), ca)
+    }
+
+    /// [`WebPushMock::start`] on a given address.
+    pub fn start_on(bind: std::net::SocketAddr, ca: &TestCa) -> std::io::Result<Self> {
         let state = Arc::new(State::default());
         let handler = Arc::new(PushHandler(Arc::clone(&state)));
-        let server = MockServer::start(ca, handler, Knobs::default())?;
+        let server = MockServer::start_on(bind, ca, handler, Knobs::default())?;
         let _ = state.origin.set(server.url());
         Ok(Self { server, state })
+    }
+
+    /// Also accepts the subscriptions `d<i>` of `seed` (see [`SeededSubscriptions`]).
+    pub fn accept_seeded(&self, seed: [u8; 32]) -> SeededSubscriptions {
+        let subs = SeededSubscriptions::new(&self.origin(), seed);
+        let _ = self.state.seeded.set(subs.clone());
+        subs
+    }
+
+    /// Keep counts only (no request log, no plaintexts).
+    pub fn set_count_only(&self, on: bool) {
+        self.state.count_only.store(on, Relaxed);
+    }
+
+    /// Messages decrypted and accepted (201).
+    pub fn delivered(&self) -> u64 {
+        self.state.delivered.load(Relaxed)
     }
 
     /// `https://127.0.0.1:PORT`.
@@ -220,6 +252,9 @@ impl State {
                 .map(str::to_string)
         });
         let response = self.check_and_deliver(req, &id);
+        if self.count_only.load(Relaxed) {
+            return response;
+        }
         self.seen.lock().push(SeenRequest {
             id,
             status: response.status().as_u16(),
@@ -243,10 +278,11 @@ impl State {
         if req.method() != http::Method::POST {
             return reply(405, "POST only");
         }
+        let seeded = self.seeded.get().and_then(|s| s.secrets(id));
         match self.subs.lock().get(id) {
-            None => return reply(404, "no such subscription"),
+            None if seeded.is_none() => return reply(404, "no such subscription"),
             Some(s) if s.gone => return reply(410, "subscription expired"),
-            Some(_) => {}
+            _ => {}
         }
         if let Err((status, message)) = check_headers(req.headers()) {
             return reply(status, &message);
@@ -258,19 +294,32 @@ impl State {
         if body.len() > MAX_BODY {
             return reply(413, "body larger than 4096 bytes");
         }
+        if let Some((secret, auth)) = seeded {
+            return match ece::decrypt(body, &secret, &auth) {
+                Ok(_) => self.created(),
+                Err(e) => reply(400, &format!("cannot decrypt: {e}")),
+            };
+        }
         let mut subs = self.subs.lock();
         let Some(sub) = subs.get_mut(id) else {
             return reply(404, "no such subscription");
         };
         match ece::decrypt(body, &sub.secret, &sub.auth) {
             Ok(plain) => {
-                sub.received.push(plain);
-                let mut r = reply(201, "created");
-                *r.body_mut() = Bytes::new();
-                r
+                if !self.count_only.load(Relaxed) {
+                    sub.received.push(plain);
+                }
+                self.created()
             }
             Err(e) => reply(400, &format!("cannot decrypt: {e}")),
         }
+    }
+
+    fn created(&self) -> Response<Bytes> {
+        self.delivered.fetch_add(1, Relaxed);
+        let mut r = reply(201, "created");
+        *r.body_mut() = Bytes::new();
+        r
     }
 
     fn take_forced(&self) -> Option<Forced> {
@@ -289,7 +338,20 @@ impl State {
     fn check_vapid(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         let auth = header(headers, "authorization")
             .ok_or_else(|| refuse(401, "missing VAPID Authorization"))?;
-        let v = vapid::verify(&auth).map_err(|e| refuse(401, &e.to_string()))?;
+        let cached = {
+            let last = self.verified.lock();
+            last.as_ref()
+                .filter(|(a, _)| *a == auth)
+                .map(|(_, v)| v.clone())
+        };
+        let v = match cached {
+            Some(v) => v,
+            None => {
+                let v = vapid::verify(&auth).map_err(|e| refuse(401, &e.to_string()))?;
+                *self.verified.lock() = Some((auth.clone(), v.clone()));
+                v
+            }
+        };
         let origin = self.origin.get().map_or("", String::as_str);
         if v.claims.aud != origin {
             return Err(refuse(401, "VAPID aud is not this push service's origin"));

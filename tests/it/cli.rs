@@ -164,3 +164,98 @@ async fn migrate_creates_a_fresh_database_and_is_idempotent() {
         "every migration applied exactly once"
     );
 }
+
+/// `pushpace mock apns` as its own process: the files it writes are enough for the real
+/// APNs adapter to deliver through it over TLS, and on SIGTERM it writes its counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apns_mock_process_serves_the_adapter_with_the_files_it_writes() {
+    use pushpace::provider::apns::ApnsSender;
+    use pushpace::provider::settings::{ApnsEnvironment, ApnsSpec, CommonSpec};
+    use pushpace::sender::Sender;
+    let dir = std::env::temp_dir().join(unique_name("pushpace_mock"));
+    let mut child = pushpace_bin()
+        .args(["mock", "apns", "--bind", "127.0.0.1:0", "--dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the mock");
+    // The process writes provider.json once it listens; poll for the file (no event to
+    // await across processes), up to 30 s for a slow machine.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let info: serde_json::Value = loop {
+        let parsed = std::fs::read(dir.join("provider.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if let Some(v) = parsed {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "no provider.json");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let s = |k: &str| info["settings"][k].as_str().expect(k).to_string();
+    let read = |k: &str| std::fs::read_to_string(s(k)).expect(k);
+    let spec = ApnsSpec {
+        name: "apns".into(),
+        team_id: s("team_id"),
+        key_id: s("key_id"),
+        key_pem: secrecy::SecretString::from(read("key_file")),
+        topic: s("topic"),
+        environment: ApnsEnvironment::Sandbox,
+        endpoint: s("endpoint"),
+        connections: 1,
+        token_refresh: std::time::Duration::from_secs(3000),
+        common: CommonSpec {
+            ca_pem: Some(read("ca_file").into_bytes()),
+            ca_file: None,
+            max_rate: None,
+            timeout: std::time::Duration::from_secs(10),
+            max_in_flight: 10,
+        },
+    };
+    let sender = ApnsSender::new(&spec).expect("sender");
+    let job = pushpace::job::Job::new(
+        String::from("j1"),
+        String::from("c1"),
+        vec!["ab".repeat(32)],
+        serde_json::value::RawValue::from_string(r#"{"aps":{"alert":"hi"}}"#.into()).unwrap(),
+    )
+    .expect("job");
+    let outcome = sender.send(&std::sync::Arc::new(job), 0).await;
+    assert!(outcome.is_delivered(), "{outcome:?}");
+    // SAFETY: kill(2) on the child this test spawned and has not reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(child.wait().expect("wait").success());
+    let counts: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("counts.json")).expect("counts"))
+            .expect("json");
+    assert_eq!(counts["requests"], 1);
+    assert_eq!(counts["delivered"], 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `pushpace demo --provider apns`: the demo over TLS to the in-process APNs mock
+/// delivers every device but the dead one, and records that one as invalid.
+#[test]
+fn the_demo_with_the_apns_mock_delivers_and_records_the_dead_token() {
+    let db = format!("{}/{}", pg_server(), unique_name("pushpace_demo_apns"));
+    let (ok, out, err) = run(pushpace_bin()
+        .args([
+            "demo",
+            "--provider",
+            "apns",
+            "--duration",
+            "2",
+            "--campaigns",
+            "2",
+        ])
+        .env("PUSHPACE__KAFKA__BROKERS", "embedded")
+        .env("PUSHPACE__DATABASE__URL", &db)
+        .env("PUSHPACE__HTTP__BIND", "127.0.0.1:0"));
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("200  apns-id "), "{out}");
+    assert!(out.contains("410  {\"reason\":\"Unregistered\"}"), "{out}");
+    assert!(out.contains("recorded it in invalid_tokens"), "{out}");
+    // 20/s and 100/s for 2 s: 40 devices (one dead) and 200, each delivered once.
+    assert!(out.contains("39/40"), "{out}");
+    assert!(out.contains("200/200"), "{out}");
+}

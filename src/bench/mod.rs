@@ -1,0 +1,514 @@
+//! `pushpace bench`: the end-to-end benchmark harness.
+//!
+//! It produces its jobs to fresh topics first, then measures each phase against a real
+//! broker and PostgreSQL, with the worker as a separate release process (`pushpace run`,
+//! configured through `PUSHPACE__*` variables) so that its CPU time and peak RSS are its
+//! own:
+//!
+//! - `consumer`: the physical limit, a plain rdkafka consumer that reads and decodes the
+//!   same jobs and does nothing else (in this process);
+//! - `null`: the worker with the null sender: sends/s, CPU seconds per million sends,
+//!   peak RSS, PostgreSQL statements per flush;
+//! - `http1`, `http1-reqwest`, `h2c`: the worker with the HTTP sender against a counting
+//!   sink (its own process), over HTTP/1.1 keep-alive (hyper's connection API; reqwest's
+//!   client as the baseline) and over HTTP/2 with prior knowledge;
+//! - `backlog`: peak RSS while a slow campaign keeps a million devices waiting in Kafka,
+//!   and whether a fast campaign behind it still runs;
+//! - `pacing`: 100 campaigns whose rates sum to 100,000/s; the per-second counts in
+//!   `delivery_seconds` (the null sender counts a send in the second it happens) give
+//!   the distribution of |achieved − send_rate| / send_rate over campaign-seconds.
+//!
+//! Throughput is timed from the worker's `/metrics` (`delivered_total`, which the
+//! scheduler publishes within 100 ms of a change), polled every 20 ms: from the first
+//! sample that shows a send to the first that shows them all. Both ends lag by the same
+//! publishing delay, which mostly cancels. Each phase's send curve is written to
+//! `<out-dir>/<run>-<phase>-sends.csv`.
+
+pub mod mockcmd;
+mod phases;
+mod process;
+mod providers;
+mod report;
+
+pub use phases::{pacing_distribution, pacing_rates};
+pub use report::{render_table, BenchReport, PacingResult, PhaseResult};
+
+use crate::config::Settings;
+use crate::limiter::Rate;
+use crate::produce::{self, ProducePlan};
+use process::{
+    cpu_seconds, free_port, progress_bar, server_statements_per_flush, sink_requests, stop_child,
+    wait_for_port, WorkerProcess,
+};
+use secrecy::ExposeSecret;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Errors of the harness: set-up, a phase that fails or does not finish, I/O.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("broker: {0}")]
+    Broker(#[from] crate::broker::BrokerError),
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("http: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("phase {phase}: {message}")]
+    Phase {
+        phase: &'static str,
+        message: String,
+    },
+}
+
+fn phase_err(phase: &'static str, message: impl Into<String>) -> BenchError {
+    BenchError::Phase {
+        phase,
+        message: message.into(),
+    }
+}
+
+/// The phases, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    Consumer,
+    Null,
+    Http1,
+    /// HTTP/1.1 through reqwest: the baseline for `http1`, in the same run.
+    Http1Reqwest,
+    H2c,
+    Backlog,
+    Pacing,
+    /// APNs over TLS + HTTP/2 to `pushpace mock apns` (a process).
+    Apns,
+    /// FCM HTTP v1 to `pushpace mock fcm`.
+    Fcm,
+    /// Web Push (encryption + VAPID) to `pushpace mock webpush`.
+    Webpush,
+}
+
+impl Phase {
+    const ALL: [Phase; 10] = [
+        Phase::Consumer,
+        Phase::Null,
+        Phase::Http1,
+        Phase::Http1Reqwest,
+        Phase::H2c,
+        Phase::Apns,
+        Phase::Fcm,
+        Phase::Webpush,
+        Phase::Backlog,
+        Phase::Pacing,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Consumer => "consumer",
+            Phase::Null => "null",
+            Phase::Http1 => "http1",
+            Phase::Http1Reqwest => "http1-reqwest",
+            Phase::H2c => "h2c",
+            Phase::Backlog => "backlog",
+            Phase::Pacing => "pacing",
+            Phase::Apns => "apns",
+            Phase::Fcm => "fcm",
+            Phase::Webpush => "webpush",
+        }
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Phases to run (default: all), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub phases: Vec<Phase>,
+    /// Campaigns in the throughput phases.
+    #[arg(long, default_value_t = 100)]
+    pub campaigns: usize,
+    /// Devices in all, in the throughput phases.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub devices: usize,
+    /// Devices per job.
+    #[arg(long, default_value_t = 500)]
+    pub job_size: usize,
+    /// Devices waiting behind the slow campaign in the backlog phase.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub backlog_devices: usize,
+    /// How long the backlog phase watches the worker, in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub backlog_seconds: u64,
+    /// Sum of the 100 campaigns' rates in the pacing phase (sends per second).
+    #[arg(long, default_value_t = 100_000.0)]
+    pub pacing_total_rate: f64,
+    /// How long each pacing campaign runs at its rate, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub pacing_seconds: u64,
+    /// Sends in flight at once in the throughput phases (`sender.max_in_flight`).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_in_flight: u32,
+    /// Devices in the webpush phase (each message is encrypted: far slower).
+    #[arg(long, default_value_t = 20_000)]
+    pub webpush_devices: usize,
+    /// `connections` of the APNs and FCM providers (default: the provider's default).
+    #[arg(long)]
+    pub provider_connections: Option<usize>,
+    /// Where worker and sink logs go.
+    #[arg(long, default_value = "target/bench")]
+    pub out_dir: PathBuf,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Keep the bench databases afterwards (topics are always kept).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Runs the harness; prints the table and returns the report.
+pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, BenchError> {
+    let phases: Vec<Phase> = if args.phases.is_empty() {
+        Phase::ALL.to_vec()
+    } else {
+        Phase::ALL
+            .into_iter()
+            .filter(|p| args.phases.contains(p))
+            .collect()
+    };
+    std::fs::create_dir_all(&args.out_dir)?;
+    let run_id = format!("b{}", chrono::Utc::now().format("%H%M%S"));
+    let ctx = Ctx {
+        settings: settings.clone(),
+        run_id: run_id.clone(),
+        out_dir: args.out_dir.clone(),
+        exe: std::env::current_exe()?,
+        max_in_flight: args.max_in_flight,
+    };
+    let mut report = BenchReport {
+        run_id: run_id.clone(),
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ..Default::default()
+    };
+    let mut databases = Vec::new();
+
+    let throughput = phases.iter().any(|p| {
+        matches!(
+            p,
+            Phase::Consumer | Phase::Null | Phase::Http1 | Phase::Http1Reqwest | Phase::H2c
+        )
+    });
+    let mut plan = None;
+    if throughput {
+        let per_campaign = args.devices.div_ceil(args.campaigns.max(1));
+        // 1 M/s each: far above what a worker reaches, so the limiters never bind.
+        let p = ProducePlan::uniform(
+            &format!("{run_id}t"),
+            args.campaigns.max(1),
+            per_campaign,
+            Rate::per_second(1_000_000.0).expect("a valid rate"),
+            args.job_size,
+        );
+        let topic = ctx.topic("throughput");
+        ctx.produce(&topic, &p).await?;
+        plan = Some((topic, p));
+    }
+    for phase in phases {
+        eprintln!("[bench] phase {}", phase.name());
+        let result = match phase {
+            Phase::Consumer => {
+                let (topic, p) = plan.as_ref().expect("produced above");
+                ctx.plain_consumer(topic, p).await?
+            }
+            Phase::Null | Phase::Http1 | Phase::Http1Reqwest | Phase::H2c => {
+                let (topic, p) = plan.as_ref().expect("produced above");
+                let db = ctx.database(&phase.name().replace('-', "_"));
+                databases.push(db.clone());
+                ctx.worker_throughput(phase, topic, p, &db).await?
+            }
+            Phase::Backlog => {
+                let topic = ctx.topic("backlog");
+                let db = ctx.database("backlog");
+                databases.push(db.clone());
+                ctx.backlog(&topic, &db, args).await?
+            }
+            Phase::Apns | Phase::Fcm | Phase::Webpush => {
+                let db = ctx.database(phase.name());
+                databases.push(db.clone());
+                ctx.provider_phase(phase, args, &db).await?
+            }
+            Phase::Pacing => {
+                let topic = ctx.topic("pacing");
+                let db = ctx.database("pacing");
+                databases.push(db.clone());
+                let (r, pacing) = ctx.pacing(&topic, &db, args).await?;
+                report.pacing = Some(pacing);
+                r
+            }
+        };
+        eprintln!("[bench] {}", report::one_line(&result));
+        report.phases.push(result);
+    }
+    let rate_of = |name: &str| {
+        report
+            .phases
+            .iter()
+            .find(|r| r.phase == name)
+            .map(|r| r.per_second)
+    };
+    if let (Some(null), Some(plain)) = (rate_of("null"), rate_of("consumer")) {
+        report.null_over_consumer = Some(null / plain);
+    }
+    if let (Some(lean), Some(baseline)) = (rate_of("http1"), rate_of("http1-reqwest")) {
+        report.http1_over_reqwest = Some(lean / baseline);
+    }
+    if !args.keep {
+        ctx.clean_up(&databases).await;
+    }
+    print!("{}", render_table(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(
+            path,
+            serde_json::to_vec_pretty(&report).map_err(std::io::Error::other)?,
+        )?;
+    }
+    Ok(report)
+}
+
+struct Ctx {
+    settings: Settings,
+    run_id: String,
+    out_dir: PathBuf,
+    exe: PathBuf,
+    max_in_flight: u32,
+}
+
+impl Ctx {
+    fn topic(&self, what: &str) -> String {
+        format!("pushpace.bench.{}.{what}", self.run_id)
+    }
+
+    fn database(&self, phase: &str) -> String {
+        format!("pushpace_bench_{}_{phase}", self.run_id)
+    }
+
+    fn database_url(&self, name: &str) -> String {
+        let base = self.settings.database.url.expose_secret();
+        match url::Url::parse(base) {
+            Ok(mut u) => {
+                u.set_path(name);
+                u.to_string()
+            }
+            Err(_) => format!("postgres://postgres@127.0.0.1:5432/{name}"),
+        }
+    }
+
+    async fn produce(&self, topic: &str, plan: &ProducePlan) -> Result<(), BenchError> {
+        self.produce_styled(topic, plan, &produce::TokenStyle::Plain)
+            .await
+    }
+
+    async fn produce_styled(
+        &self,
+        topic: &str,
+        plan: &ProducePlan,
+        style: &produce::TokenStyle,
+    ) -> Result<(), BenchError> {
+        let brokers = &self.settings.kafka.brokers;
+        crate::broker::ensure_topic(brokers, topic, self.settings.kafka.partitions).await?;
+        let bar = progress_bar(plan.total_devices() as u64, "producing");
+        produce::produce_styled(brokers, topic, plan, style, |d| bar.inc(d as u64)).await?;
+        bar.finish_and_clear();
+        eprintln!(
+            "[bench] produced {} jobs, {} devices to {topic}",
+            plan.total_jobs(),
+            plan.total_devices()
+        );
+        Ok(())
+    }
+
+    /// Starts `pushpace run` on `topic` with a fresh database and the given extra settings.
+    async fn start_worker(
+        &self,
+        phase: &'static str,
+        topic: &str,
+        db: &str,
+        extra: &[(&str, String)],
+    ) -> Result<WorkerProcess, BenchError> {
+        let port = free_port()?;
+        let log = std::fs::File::create(
+            self.out_dir
+                .join(format!("{}-{phase}-worker.log", self.run_id)),
+        )?;
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("run")
+            .env("PUSHPACE__KAFKA__BROKERS", &self.settings.kafka.brokers)
+            .env("PUSHPACE__KAFKA__TOPIC", topic)
+            .env(
+                "PUSHPACE__KAFKA__GROUP_ID",
+                format!("{}-{phase}", self.run_id),
+            )
+            .env(
+                "PUSHPACE__KAFKA__ISOLATION_LEVEL",
+                self.settings.kafka.isolation_level.as_str(),
+            )
+            .env("PUSHPACE__DATABASE__URL", self.database_url(db))
+            .env("PUSHPACE__HTTP__BIND", format!("127.0.0.1:{port}"))
+            .env("RUST_LOG", "info,sqlx=warn,rdkafka=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn()?;
+        let w = WorkerProcess {
+            child,
+            curve_path: self
+                .out_dir
+                .join(format!("{}-{phase}-sends.csv", self.run_id)),
+            metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()?,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let health = format!("http://127.0.0.1:{port}/healthz");
+        loop {
+            if w.http.get(&health).send().await.is_ok() {
+                return Ok(w);
+            }
+            if Instant::now() > deadline {
+                return Err(phase_err(
+                    phase,
+                    "the worker did not answer /healthz within 60 s",
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The worker on the throughput topic, with the null or the HTTP sender.
+    async fn worker_throughput(
+        &self,
+        phase: Phase,
+        topic: &str,
+        plan: &ProducePlan,
+        db: &str,
+    ) -> Result<PhaseResult, BenchError> {
+        let name = phase.name();
+        let mut sink = None;
+        let mut extra: Vec<(&str, String)> = vec![
+            // Every send in flight is a job device held; room for the HTTP round trips.
+            (
+                "PUSHPACE__SENDER__MAX_IN_FLIGHT",
+                self.max_in_flight.to_string(),
+            ),
+        ];
+        match phase {
+            Phase::Null => extra.push(("PUSHPACE__SENDER__KIND", "null".into())),
+            _ => {
+                let port = free_port()?;
+                let log = std::fs::File::create(
+                    self.out_dir
+                        .join(format!("{}-{name}-sink.log", self.run_id)),
+                )?;
+                let child = Command::new(&self.exe)
+                    .args(["sink", "--count-only", "--bind"])
+                    .arg(format!("127.0.0.1:{port}"))
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .spawn()?;
+                sink = Some((child, port));
+                wait_for_port(port, Duration::from_secs(20)).await?;
+                extra.push(("PUSHPACE__SENDER__KIND", "http".into()));
+                extra.push((
+                    "PUSHPACE__SENDER__URL",
+                    format!("http://127.0.0.1:{port}/push"),
+                ));
+                extra.push((
+                    "PUSHPACE__SENDER__HTTP2_PRIOR_KNOWLEDGE",
+                    (phase == Phase::H2c).to_string(),
+                ));
+                let client = if phase == Phase::Http1Reqwest {
+                    "reqwest"
+                } else {
+                    "hyper"
+                };
+                extra.push(("PUSHPACE__SENDER__HTTP1_CLIENT", client.into()));
+            }
+        }
+        let total = plan.total_devices() as u64;
+        let mut w = self.start_worker(name, topic, db, &extra).await?;
+        let timed = w.time_until(name, total, Duration::from_secs(600)).await;
+        let flush = w.sample().await.unwrap_or_default();
+        let server = server_statements_per_flush(&self.database_url(db), flush.flushes).await;
+        let peak = w.stop().await;
+        // The sink's own CPU, to tell which side of the loopback limits the rate.
+        let (sink_requests, sink_cpu) = match sink {
+            Some((mut child, port)) => {
+                let n = sink_requests(port).await;
+                let cpu = cpu_seconds(child.id());
+                stop_child(&mut child).await;
+                (n, cpu)
+            }
+            None => (None, None),
+        };
+        let (secs, sent, cpu) = timed?;
+        let mut note = match phase {
+            Phase::Null => "null sender".to_string(),
+            Phase::Http1 => {
+                "HTTP/1.1 keep-alive (hyper connections) to a loopback sink process".to_string()
+            }
+            Phase::Http1Reqwest => {
+                "HTTP/1.1 keep-alive (reqwest, the baseline) to a loopback sink process".to_string()
+            }
+            _ => "HTTP/2 (h2c) to a loopback sink process".to_string(),
+        };
+        if let Some(n) = sink_requests {
+            note.push_str(&format!(", sink saw {n} requests"));
+        }
+        if let Some(cpu) = sink_cpu {
+            note.push_str(&format!(
+                ", sink CPU {:.2} s per 1M",
+                cpu / (sent as f64 / 1e6)
+            ));
+        }
+        Ok(PhaseResult {
+            phase: name.into(),
+            devices: total,
+            seconds: secs,
+            per_second: sent as f64 / secs,
+            cpu_s_per_million: Some(cpu / (sent as f64 / 1e6)),
+            peak_rss_mb: peak,
+            statements_per_flush: (flush.flushes > 0.0).then(|| flush.statements / flush.flushes),
+            server_statements_per_flush: server,
+            peer_cpu_s_per_million: sink_cpu.map(|c| c / (sent as f64 / 1e6)),
+            note,
+        })
+    }
+
+    /// Drops the bench databases. Topics are left in place: tansu 0.6.0 answers a
+    /// DeleteTopics request for one topic by deleting every topic it has.
+    async fn clean_up(&self, databases: &[String]) {
+        let Ok(pool) =
+            crate::store::connect(&self.database_url("postgres"), 1, Duration::from_secs(5)).await
+        else {
+            return;
+        };
+        for db in databases {
+            // Names are built here from the run id: [a-z0-9_] only, quoted all the same.
+            let sql = format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)");
+            if let Err(e) = sqlx::query(&sql).execute(&pool).await {
+                tracing::warn!(error = %e, database = %db, "could not drop a bench database");
+            }
+        }
+        pool.close().await;
+    }
+}

@@ -1,0 +1,256 @@
+//! The processes a phase runs and measures: the worker (`pushpace run`, read through
+//! its `/metrics` and `/proc`), the sink and the provider mocks; and the helpers that
+//! read CPU time and peak RSS.
+
+use super::{phase_err, BenchError};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// Where the worker process is, and how to read it.
+pub(super) struct WorkerProcess {
+    pub(super) child: Child,
+    pub(super) metrics_url: String,
+    pub(super) http: reqwest::Client,
+    /// Where `time_until` writes the send curve (CSV).
+    pub(super) curve_path: std::path::PathBuf,
+}
+
+/// One poll of a worker process.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Sample {
+    pub(super) at: Option<Instant>,
+    pub(super) sends: u64,
+    pub(super) cpu_s: f64,
+    pub(super) flushes: f64,
+    pub(super) statements: f64,
+    pub(super) parked: f64,
+    pub(super) buffered_devices: f64,
+    pub(super) paused_partitions: f64,
+}
+
+impl WorkerProcess {
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(super) async fn metrics(&self) -> Result<String, BenchError> {
+        Ok(self
+            .http
+            .get(&self.metrics_url)
+            .send()
+            .await?
+            .text()
+            .await?)
+    }
+
+    pub(super) async fn sample(&self) -> Result<Sample, BenchError> {
+        let text = self.metrics().await?;
+        let at = Instant::now();
+        let mut s = Sample {
+            at: Some(at),
+            cpu_s: cpu_seconds(self.pid()).unwrap_or(0.0),
+            ..Default::default()
+        };
+        for line in text.lines() {
+            if line.starts_with("delivered_total ") {
+                s.sends = metric_value(line) as u64;
+            } else if line.starts_with("stats_flushes_total ") {
+                s.flushes = metric_value(line);
+            } else if line.starts_with("stats_flush_statements_total ") {
+                s.statements = metric_value(line);
+            } else if line.starts_with("parked_jobs ") {
+                s.parked = metric_value(line);
+            } else if line.starts_with("buffered_devices ") {
+                s.buffered_devices = metric_value(line);
+            } else if line.starts_with("paused_partitions ") {
+                s.paused_partitions = metric_value(line);
+            }
+        }
+        Ok(s)
+    }
+
+    /// Polls until `total` sends: (seconds from first send to last, sends timed, CPU s).
+    pub(super) async fn time_until(
+        &mut self,
+        phase: &'static str,
+        total: u64,
+        limit: Duration,
+    ) -> Result<(f64, u64, f64), BenchError> {
+        let deadline = Instant::now() + limit;
+        let mut first: Option<Sample> = None;
+        let mut last = Sample::default();
+        // The send curve, for telling a slow start or tail from a slow middle.
+        let started = Instant::now();
+        let mut curve = String::from(
+            "seconds,sends,cpu_seconds,buffered_devices,parked_jobs,paused_partitions\n",
+        );
+        let bar = progress_bar(total, phase);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                bar.abandon();
+                return Err(phase_err(
+                    phase,
+                    format!("the worker exited early: {status}"),
+                ));
+            }
+            if let Ok(s) = self.sample().await {
+                bar.set_position(s.sends);
+                if let Some(at) = s.at {
+                    let t = (at - started).as_secs_f64();
+                    curve.push_str(&format!(
+                        "{t:.3},{},{:.3},{},{},{}\n",
+                        s.sends, s.cpu_s, s.buffered_devices, s.parked, s.paused_partitions
+                    ));
+                }
+                if s.sends > 0 && first.is_none() {
+                    first = Some(s);
+                }
+                last = s;
+                if s.sends >= total {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bar.finish_and_clear();
+        if let Err(e) = std::fs::write(&self.curve_path, &curve) {
+            tracing::warn!(error = %e, "cannot write the send curve");
+        }
+        let Some(first) = first.filter(|_| last.sends >= total) else {
+            return Err(phase_err(
+                phase,
+                format!("sent {} of {total} within {limit:?}", last.sends),
+            ));
+        };
+        let secs = match (first.at, last.at) {
+            (Some(a), Some(b)) => (b - a).as_secs_f64(),
+            _ => 0.0,
+        };
+        let sent = last.sends - first.sends;
+        Ok((secs.max(1e-3), sent, last.cpu_s - first.cpu_s))
+    }
+
+    /// SIGTERM, wait; returns the peak RSS in MB read just before.
+    pub(super) async fn stop(&mut self) -> Option<f64> {
+        let peak = peak_rss_mb(self.pid());
+        stop_child(&mut self.child).await;
+        peak
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// SIGTERM, then SIGKILL after 20 s.
+pub(super) async fn stop_child(child: &mut Child) {
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) with a pid this process spawned and has not reaped yet.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+pub(super) fn metric_value(line: &str) -> f64 {
+    line.rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// User + system CPU seconds of a process, all threads.
+pub(super) fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((utime + stime) / ticks.max(1.0))
+}
+
+/// The peak resident set (VmHWM) of a process, in MB.
+pub(super) fn peak_rss_mb(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+pub(super) fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+pub(super) async fn wait_for_port(port: u16, limit: Duration) -> Result<(), BenchError> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(phase_err("sink", format!("nothing listens on port {port}")))
+}
+
+pub(super) async fn sink_requests(port: u16) -> Option<u64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/_sink/stats"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let body: crate::sink::CountingSummary = serde_json::from_str(&text).ok()?;
+    Some(body.requests)
+}
+
+/// Server-side statements per flush from pg_stat_statements, when it is loaded.
+pub(super) async fn server_statements_per_flush(url: &str, flushes: f64) -> Option<f64> {
+    if flushes <= 0.0 {
+        return None;
+    }
+    let pool = crate::store::connect(url, 1, Duration::from_secs(5))
+        .await
+        .ok()?;
+    let calls: Option<i64> = sqlx::query_scalar(
+        "SELECT sum(s.calls)::int8 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+         WHERE d.datname = current_database() \
+           AND (s.query ILIKE '%delivery_seconds%' OR s.query ILIKE '%job_progress%') \
+           AND s.query ILIKE 'WITH marker%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .ok()
+    .flatten();
+    pool.close().await;
+    calls.map(|c| c as f64 / flushes)
+}
+
+pub(super) fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{spinner}} {what} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} ({{per_sec}})"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}

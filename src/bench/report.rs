@@ -1,0 +1,132 @@
+//! The bench's results and the plain-text table.
+
+use serde::Serialize;
+
+/// One phase's figures; fields that do not apply are `None`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PhaseResult {
+    pub phase: String,
+    pub devices: u64,
+    pub seconds: f64,
+    pub per_second: f64,
+    pub cpu_s_per_million: Option<f64>,
+    pub peak_rss_mb: Option<f64>,
+    pub statements_per_flush: Option<f64>,
+    pub server_statements_per_flush: Option<f64>,
+    /// CPU of the process at the other end (sink or provider mock), s per 1M sends.
+    pub peer_cpu_s_per_million: Option<f64>,
+    pub note: String,
+}
+
+/// The pacing distribution.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PacingResult {
+    pub campaigns: usize,
+    pub total_rate: f64,
+    pub campaign_seconds: usize,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub max_over_rate: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BenchReport {
+    pub run_id: String,
+    pub cores: usize,
+    pub phases: Vec<PhaseResult>,
+    pub pacing: Option<PacingResult>,
+    pub null_over_consumer: Option<f64>,
+    /// `http1` (hyper connections) over `http1-reqwest`, sends per second.
+    pub http1_over_reqwest: Option<f64>,
+}
+
+pub(super) fn one_line(r: &PhaseResult) -> String {
+    format!(
+        "{}: {} devices in {:.2} s = {:.0}/s {}",
+        r.phase, r.devices, r.seconds, r.per_second, r.note
+    )
+}
+
+/// The figures as a plain-text table.
+pub fn render_table(report: &BenchReport) -> String {
+    let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
+    let mut out = format!(
+        "\npushpace bench {} ({} cores)\n{:<13} {:>10} {:>8} {:>12} {:>12} {:>9} {:>11}  note\n",
+        report.run_id,
+        report.cores,
+        "phase",
+        "devices",
+        "seconds",
+        "per second",
+        "cpu s / 1M",
+        "peak MB",
+        "stmt/flush"
+    );
+    for r in &report.phases {
+        out.push_str(&format!(
+            "{:<13} {:>10} {:>8.2} {:>12.0} {:>12} {:>9} {:>11}  {}\n",
+            r.phase,
+            r.devices,
+            r.seconds,
+            r.per_second,
+            opt(r.cpu_s_per_million, 2),
+            opt(r.peak_rss_mb, 1),
+            opt(r.statements_per_flush, 2),
+            r.note
+        ));
+    }
+    if let Some(ratio) = report.null_over_consumer {
+        out.push_str(&format!(
+            "null sender / plain consumer: {ratio:.2}× the device rate\n"
+        ));
+    }
+    if let Some(ratio) = report.http1_over_reqwest {
+        out.push_str(&format!(
+            "http1 (hyper connections) / http1-reqwest: {ratio:.2}× the send rate\n"
+        ));
+    }
+    out.push_str(&provider_ratios(report));
+    if let Some(p) = &report.pacing {
+        out.push_str(&format!(
+            "pacing: {} campaigns summing to {:.0}/s, {} campaign-seconds: |achieved − rate| / rate p50 {:.2}% p99 {:.2}% max {:.2}%; largest second {:.3}× its rate\n",
+            p.campaigns,
+            p.total_rate,
+            p.campaign_seconds,
+            p.p50 * 100.0,
+            p.p99 * 100.0,
+            p.max * 100.0,
+            p.max_over_rate
+        ));
+    }
+    out
+}
+
+/// `apns / h2c: 0.NN×` lines: each provider phase against the h2c webhook phase of the
+/// same run (send rate, and worker CPU per send in µs).
+fn provider_ratios(report: &BenchReport) -> String {
+    let Some(h2c) = report.phases.iter().find(|r| r.phase == "h2c") else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for r in report
+        .phases
+        .iter()
+        .filter(|r| matches!(r.phase.as_str(), "apns" | "fcm" | "webpush"))
+    {
+        let cpu = match (r.cpu_s_per_million, h2c.cpu_s_per_million) {
+            (Some(a), Some(b)) => {
+                format!(", worker CPU {a:.2} µs per send vs {b:.2} ({:.2}×)", a / b)
+            }
+            _ => String::new(),
+        };
+        out.push_str(&format!(
+            "{} / h2c: {:.2}× the send rate ({:.0}/s vs {:.0}/s){cpu}\n",
+            r.phase,
+            r.per_second / h2c.per_second,
+            r.per_second,
+            h2c.per_second
+        ));
+    }
+    out
+}
