@@ -255,6 +255,12 @@ async fn concurrent_first_jobs_create_one_campaign() {
     );
 }
 
+/// How long the writers below write at least, and at most while waiting for their
+/// flusher's batches (a whole-suite run with 3 test threads once committed 10 or fewer
+/// batches in a fixed 800 ms).
+const MIN_WRITES: Duration = Duration::from_millis(800);
+const MAX_WRITES: Duration = Duration::from_secs(15);
+
 /// Each of two workers (own recorder, own flusher, own pool) adds into the same
 /// campaign-seconds while the other does; the sums must be exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,11 +285,16 @@ async fn two_flushers_adding_into_the_same_seconds_give_exact_sums() {
         flushers.push((flusher.clone(), flusher.spawn(stop_rx.clone())));
         for w in 0..2u64 {
             let counter = recorder.campaign("shared");
+            let own = flusher.clone();
             writers.push(std::thread::spawn(move || {
                 let mut expected = [[0i64; 3]; 20];
-                let until = Instant::now() + Duration::from_millis(800);
+                let start = Instant::now();
                 let mut i = w;
-                while Instant::now() < until {
+                // Writes go on until their flusher has committed several batches under
+                // them, not for a fixed time: on a loaded machine a batch takes longer.
+                while start.elapsed() < MIN_WRITES
+                    || (own.batches_committed() <= 10 && start.elapsed() < MAX_WRITES)
+                {
                     for _ in 0..100 {
                         let s = (i % 20) as usize;
                         let outcome = match i % 7 {
