@@ -12,15 +12,17 @@
 //! token answered `410 Unregistered` and recorded in `invalid_tokens`.
 
 mod apns;
+pub mod feed;
 
 use crate::broker::EmbeddedBroker;
 use crate::config::Settings;
 use crate::limiter::{Algorithm, Rate};
-use crate::produce::{PlannedCampaign, ProducePlan};
+use crate::produce::{PlannedCampaign, ProducePlan, TokenStyle};
 use crate::sender::{AnySender, HttpSender, HttpSenderConfig};
-use crate::sink::{Sink, SinkConfig};
+use crate::sink::{Sink, SinkConfig, SinkHandle};
 use crate::store::campaigns::{self, CampaignPatch};
 use crate::worker::{campaign_defaults, Worker, WorkerError};
+use feed::Feeder;
 use secrecy::ExposeSecret;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -54,9 +56,10 @@ pub enum DemoProvider {
 /// The demo's knobs.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// Roughly how long each campaign runs, in seconds (devices = rate × duration).
-    #[arg(long, default_value_t = 20)]
-    pub duration: u64,
+    /// Size each campaign to run about this many seconds (devices = rate × duration)
+    /// and end when all are delivered. Without it the campaigns run until Ctrl-C.
+    #[arg(long)]
+    pub duration: Option<u64>,
     /// How many campaigns (rates cycle through 20, 100, 500, 2000/s).
     #[arg(long, default_value_t = 4)]
     pub campaigns: usize,
@@ -64,6 +67,23 @@ pub struct DemoArgs {
     #[arg(long, value_enum)]
     pub provider: Option<DemoProvider>,
 }
+
+impl DemoArgs {
+    /// The seconds each campaign is sized for: `--duration`, or [`OPEN_ENDED_SIZE_S`]
+    /// for the progress bars of an open-ended run.
+    fn sized_seconds(&self) -> u64 {
+        self.duration.unwrap_or(OPEN_ENDED_SIZE_S).max(1)
+    }
+}
+
+/// An open-ended demo's campaigns are planned at this many seconds, for the bars only:
+/// they keep going until Ctrl-C.
+const OPEN_ENDED_SIZE_S: u64 = 20;
+/// After the campaigns stop, how long the demo waits for the worker to send what was
+/// produced: [`feed::LEAD`] of sending plus the worker's own start-up and flush.
+const DRAIN_MAX: Duration = Duration::from_secs(30);
+/// How often the feeder tops campaigns up: well inside [`feed::LEAD`].
+const FEED_EVERY: Duration = Duration::from_millis(200);
 
 const RATES: [f64; 4] = [20.0, 100.0, 500.0, 2000.0];
 const ALGORITHMS: [Algorithm; 4] = [
@@ -79,12 +99,28 @@ pub struct DemoRow {
     pub campaign: String,
     pub algorithm: Algorithm,
     pub target: f64,
+    /// Devices produced for the campaign.
     pub devices: u64,
     pub delivered_distinct: u64,
     pub duplicates: u64,
     pub mean_rate: f64,
     pub max_1s: u64,
     pub duration_s: f64,
+    /// Produced devices the embedded broker dropped before the worker read them.
+    pub dropped_by_broker: u64,
+    /// Produced devices not delivered when the demo stopped waiting for them.
+    pub unsent: u64,
+}
+
+impl DemoRow {
+    /// Produced devices that were neither delivered, nor dropped by the broker, nor
+    /// still unsent when the demo stopped waiting.
+    pub fn lost(&self) -> u64 {
+        self.devices
+            .saturating_sub(self.delivered_distinct)
+            .saturating_sub(self.dropped_by_broker)
+            .saturating_sub(self.unsent)
+    }
 }
 
 /// Runs the demo, printing progress to stdout. Returns the summary rows.
@@ -118,6 +154,8 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     if args.provider == Some(DemoProvider::Apns) {
         return apns::run(settings, args, pool, bootstrap).await;
     }
+    let mut settings = settings;
+    let token = ensure_admin_token(&mut settings);
     let sink = Sink::start(SinkConfig::default()).await?;
     println!("provider sink listening on {}", sink.url());
     let mut sender_config = HttpSenderConfig::new(sink.url());
@@ -126,87 +164,217 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
 
     let run_id = format!("demo{}", chrono::Utc::now().format("%H%M%S"));
     let (plan, algorithms) = plan_campaigns(&settings, &pool, args, &run_id).await?;
+    let mut feeder = Feeder::new(
+        &bootstrap,
+        &settings.kafka.topic,
+        &run_id,
+        TokenStyle::Plain,
+        plan.campaigns.clone(),
+        args.duration.is_none(),
+    )?;
+    let jobs = feeder.top_up(|_| 0).await?;
     println!(
-        "producing {} jobs ({} devices) for {} campaigns…",
-        plan.total_jobs(),
-        plan.total_devices(),
-        plan.campaigns.len()
+        "{} campaigns; their jobs are produced as they send, {} s ahead ({jobs} jobs now)",
+        plan.campaigns.len(),
+        feed::LEAD.as_secs()
     );
-    crate::produce::produce(&bootstrap, &settings.kafka.topic, &plan, |_| {}).await?;
 
-    let mut settings = settings;
     settings.kafka.group_id = format!("pushpace-{run_id}");
     if let Err(e) = crate::metrics::install() {
         tracing::warn!(error = %e, "metrics recorder not installed");
     }
     let worker = Worker::start(&settings, pool.clone(), bootstrap.clone(), sender).await?;
     let api = start_api(&settings, &pool, &worker, &bootstrap).await;
-    match &api {
-        Some(app) => println!(
-            "dashboard: {}/  (metrics: {}/metrics; set PUSHPACE__HTTP__ADMIN_TOKEN to use its controls)",
-            app.url(),
-            app.url()
-        ),
-        None => println!("dashboard not started (http.bind is taken; see the log)"),
-    }
+    print_dashboard(api.as_ref(), token.as_deref());
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(args.duration * 3 + 30);
-    let total = plan.total_devices() as u64;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let mut out = format!("t={:>3}s", started.elapsed().as_secs());
-        let mut all_done = 0u64;
-        for c in &plan.campaigns {
-            let summary = sink.campaign(&c.id);
-            let done = summary.as_ref().map_or(0, |s| s.distinct_delivered);
-            all_done += done;
-            let last = sink.recent_requests(&c.id, Duration::from_secs(1));
-            let bar = progress_bar(done, c.devices as u64, 12);
-            let _ = write!(
-                out,
-                "\n  {:<24} target {:>6}/s  last 1s {:>6}  {:>7}/{:<7} {bar}",
-                c.id,
-                c.send_rate.as_f64(),
-                last,
-                done,
-                c.devices
-            );
-        }
-        println!("{out}");
-        if all_done >= total || Instant::now() >= deadline {
-            break;
-        }
-    }
+    feed_and_show(&mut feeder, &sink, args, started).await?;
+    feeder.stop();
+    let drained = drain(&feeder, &sink).await;
     if let Some(app) = api {
         let _ = app.stop().await;
     }
     worker.shutdown().await?;
 
-    let rows: Vec<DemoRow> = plan
-        .campaigns
-        .iter()
+    let below = feeder.below_low_watermark().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "the broker's low watermarks could not be read");
+        Default::default()
+    });
+    let rows: Vec<DemoRow> = feeder
+        .campaigns()
+        .enumerate()
         .zip(algorithms)
-        .map(|(c, algorithm)| {
-            let s = sink.campaign(&c.id);
+        .map(|((ci, c), algorithm)| {
+            let s = sink.campaign(&c.id).unwrap_or_default();
+            let devices = feeder.produced(ci) as u64;
+            let missing = devices.saturating_sub(s.distinct_delivered);
+            let dropped = missing.min(below.get(&ci).copied().unwrap_or(0) as u64);
             DemoRow {
                 campaign: c.id.clone(),
                 algorithm,
                 target: c.send_rate.as_f64(),
-                devices: c.devices as u64,
-                delivered_distinct: s.as_ref().map_or(0, |s| s.distinct_delivered),
-                duplicates: s.as_ref().map_or(0, |s| s.duplicates),
-                mean_rate: s.as_ref().map_or(0.0, |s| s.mean_rate),
+                devices,
+                delivered_distinct: s.distinct_delivered,
+                duplicates: s.duplicates,
+                mean_rate: s.mean_rate,
                 max_1s: sink.max_in_window(&c.id, Duration::from_secs(1)),
-                duration_s: s
-                    .as_ref()
-                    .map_or(0.0, |s| (s.last_ms - s.first_ms) / 1000.0),
+                duration_s: (s.last_ms - s.first_ms) / 1000.0,
+                dropped_by_broker: dropped,
+                unsent: if drained { 0 } else { missing - dropped },
             }
         })
         .collect();
     println!("\n{}", summary_table(&rows));
+    println!("{}", verdict(&rows, settings.kafka.is_embedded()));
     Ok(rows)
+}
+
+/// The demo's controls need the admin token: when none is configured, one is drawn for
+/// this run. Returns it when drawn (to print); a configured one is never printed.
+fn ensure_admin_token(settings: &mut Settings) -> Option<String> {
+    if settings.http.admin_token().is_some() {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).ok()?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    settings.http.admin_token = secrecy::SecretString::from(token.clone());
+    Some(token)
+}
+
+fn print_dashboard(api: Option<&crate::startup::RunningApplication>, token: Option<&str>) {
+    let Some(app) = api else {
+        println!("dashboard not started (http.bind is taken; see the log)");
+        return;
+    };
+    println!(
+        "dashboard: {}/  (metrics: {}/metrics)",
+        app.url(),
+        app.url()
+    );
+    match token {
+        Some(t) => println!(
+            "admin token for this run (paste it in the dashboard to use its controls): {t}"
+        ),
+        None => println!("the dashboard's controls take the configured http.admin_token"),
+    }
+}
+
+/// Feeds the campaigns and prints what the sink saw each second, until every planned
+/// device is delivered (with `--duration`), the deadline passes, or Ctrl-C.
+async fn feed_and_show(
+    feeder: &mut Feeder,
+    sink: &SinkHandle,
+    args: &DemoArgs,
+    started: Instant,
+) -> Result<(), DemoError> {
+    let deadline = args
+        .duration
+        .map(|d| started + Duration::from_secs(d * 3 + 30));
+    let mut feed = tokio::time::interval(FEED_EVERY);
+    let mut show = tokio::time::interval(Duration::from_secs(1));
+    show.tick().await;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    if args.duration.is_none() {
+        println!("the campaigns run until Ctrl-C");
+    }
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => {
+                println!("Ctrl-C: no more jobs; sending what was produced…");
+                return Ok(());
+            }
+            _ = feed.tick() => {
+                feeder.top_up(|id| delivered(sink, id)).await?;
+            }
+            _ = show.tick() => {
+                let done = print_tick(feeder, sink, args, started);
+                let expired = deadline.is_some_and(|d| Instant::now() >= d);
+                if (feeder.all_produced() && done) || expired {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// One progress block; whether every produced device was delivered.
+fn print_tick(feeder: &Feeder, sink: &SinkHandle, args: &DemoArgs, started: Instant) -> bool {
+    let mut out = format!("t={:>3}s", started.elapsed().as_secs());
+    let mut all_done = true;
+    for (ci, c) in feeder.campaigns().enumerate() {
+        let done = delivered(sink, &c.id);
+        all_done &= done >= feeder.produced(ci) as u64;
+        let last = sink.recent_requests(&c.id, Duration::from_secs(1));
+        let _ = write!(
+            out,
+            "\n  {:<24} target {:>6}/s  last 1s {:>6}  {:>7}",
+            c.id,
+            c.send_rate.as_f64(),
+            last,
+            done,
+        );
+        if args.duration.is_some() {
+            let bar = progress_bar(done, c.devices as u64, 12);
+            let _ = write!(out, "/{:<7} {bar}", c.devices);
+        }
+    }
+    println!("{out}");
+    all_done
+}
+
+fn delivered(sink: &SinkHandle, campaign: &str) -> u64 {
+    sink.campaign(campaign).map_or(0, |s| s.distinct_delivered)
+}
+
+/// Waits until every produced device is delivered, for at most [`DRAIN_MAX`].
+async fn drain(feeder: &Feeder, sink: &SinkHandle) -> bool {
+    let until = Instant::now() + DRAIN_MAX;
+    loop {
+        let done = feeder
+            .campaigns()
+            .enumerate()
+            .all(|(ci, c)| delivered(sink, &c.id) >= feeder.produced(ci) as u64);
+        if done {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The last lines: what was lost, and whose doing it was.
+fn verdict(rows: &[DemoRow], embedded: bool) -> String {
+    let produced: u64 = rows.iter().map(|r| r.devices).sum();
+    let dropped: u64 = rows.iter().map(|r| r.dropped_by_broker).sum();
+    let unsent: u64 = rows.iter().map(|r| r.unsent).sum();
+    let lost: u64 = rows.iter().map(DemoRow::lost).sum();
+    let dups: u64 = rows.iter().map(|r| r.duplicates).sum();
+    let mut out = format!("{produced} devices produced: {lost} lost, {dups} duplicates");
+    if unsent > 0 {
+        let _ = write!(
+            out,
+            "\n{unsent} were still unsent when the demo stopped waiting: not lost, their \
+             offsets are uncommitted and a worker of this group would send them"
+        );
+    }
+    if dropped > 0 {
+        let broker = if embedded {
+            "the embedded broker (librdkafka's mock cluster, about 5 MB kept per partition)"
+        } else {
+            "the broker"
+        };
+        let _ = write!(
+            out,
+            "\nWARNING: {dropped} devices' jobs were dropped by {broker} before the worker \
+             could read them (below the partition's low watermark). That is the broker's \
+             retention, not pushpace losing jobs; run with --brokers HOST:PORT against a \
+             real broker to see every job delivered."
+        );
+    }
+    out
 }
 
 /// Creates the demo's campaigns (rates and algorithms cycling) and plans their jobs.
@@ -243,7 +411,7 @@ async fn plan_campaigns(
         plan.campaigns.push(PlannedCampaign {
             id,
             send_rate: Rate::per_second(rate).unwrap_or(defaults.send_rate),
-            devices: (rate * args.duration.max(1) as f64) as usize,
+            devices: (rate * args.sized_seconds() as f64) as usize,
         });
         algorithms.push(algorithm);
     }
@@ -268,27 +436,29 @@ pub fn summary_table(rows: &[DemoRow]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:<14} {:>8} {:>10} {:>8} {:>9} {:>6} {:>10}",
+        "{:<24} {:<14} {:>8} {:>10} {:>8} {:>9} {:>8} {:>6} {:>10}",
         "campaign",
         "algorithm",
         "target/s",
         "achieved/s",
         "max 1s",
         "duration",
+        "devices",
         "lost",
         "duplicates"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<24} {:<14} {:>8} {:>10.1} {:>8} {:>8.1}s {:>6} {:>10}",
+            "{:<24} {:<14} {:>8} {:>10.1} {:>8} {:>8.1}s {:>8} {:>6} {:>10}",
             r.campaign,
             r.algorithm.as_str(),
             r.target,
             r.mean_rate,
             r.max_1s,
             r.duration_s,
-            r.devices.saturating_sub(r.delivered_distinct),
+            r.devices,
+            r.lost(),
             r.duplicates
         );
     }
@@ -355,6 +525,8 @@ mod tests {
             mean_rate: 1999.0,
             max_1s,
             duration_s: 5.0,
+            dropped_by_broker: 0,
+            unsent: 0,
         }
     }
 

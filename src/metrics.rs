@@ -256,6 +256,7 @@ mod tests {
         CampaignLive {
             id: Arc::from(id),
             rate: 10.0,
+            effective_rate: 10.0,
             algorithm: Algorithm::Gcra,
             paused: false,
             halted: None,

@@ -150,7 +150,8 @@ pub enum TokenStyle {
 }
 
 impl TokenStyle {
-    fn payload(&self) -> &'static str {
+    /// The payload of every job in this style.
+    pub fn payload(&self) -> &'static str {
         match self {
             TokenStyle::Plain | TokenStyle::WebPush(_) => {
                 r#"{"title":"pushpace","body":"paced hello"}"#

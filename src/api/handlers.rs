@@ -212,8 +212,11 @@ pub struct LiveView {
     pub paused: bool,
     /// Why the worker holds it halted (a provider's configuration error), if it does.
     pub halted: Option<String>,
-    /// The rate its limiter runs at.
+    /// Its send_rate as the worker holds it.
     pub rate: f64,
+    /// The rate its limiter runs at: `rate`, or its share while a global cap, its
+    /// provider's max_rate or its provider's adaptive ceiling binds.
+    pub effective_rate: f64,
     pub algorithm: Algorithm,
     /// Counts since the worker took the campaign up.
     pub sent: u64,
@@ -230,6 +233,7 @@ impl From<&CampaignLive> for LiveView {
             paused: c.paused,
             halted: c.halted.as_deref().map(str::to_string),
             rate: c.rate,
+            effective_rate: c.effective_rate,
             algorithm: c.algorithm,
             sent: c.sent,
             failed: c.failed,

@@ -23,6 +23,7 @@ pub mod auth;
 mod dashboard;
 pub mod error;
 mod handlers;
+mod providers;
 
 pub use error::ApiError;
 
@@ -65,6 +66,11 @@ impl WorkerView {
     /// The campaigns the worker holds now (active or waiting for a slot).
     pub fn campaigns(&self) -> Arc<Vec<CampaignLive>> {
         self.scheduler.borrow().campaigns.clone()
+    }
+
+    /// Each provider's lane: adaptive ceiling, state and recent history.
+    pub fn providers(&self) -> Arc<Vec<crate::worker::scheduler::ProviderLive>> {
+        self.scheduler.borrow().providers.clone()
     }
 }
 
@@ -175,6 +181,7 @@ pub fn router(state: AppState, hosts: auth::AllowedHosts) -> Router {
         .route("/api/campaigns", get(handlers::list_campaigns))
         .route("/api/campaigns/{id}", get(handlers::get_campaign))
         .route("/api/campaigns/{id}/series", get(handlers::series))
+        .route("/api/providers", get(providers::list))
         .merge(guarded)
         .merge(dashboard::routes())
         .fallback(handlers::no_route)

@@ -14,6 +14,7 @@
 use super::keys::{self, SecretSource};
 use super::{invalid, ConfigError, SenderKind, SenderSettings, IMPLICIT_PROVIDER};
 use crate::limiter::Rate;
+use crate::provider::ceiling::CeilingParams;
 use crate::provider::settings::{CommonSpec, NamedProvider, ProviderSpec, WebhookSpec};
 use secrecy::SecretString;
 use serde::Deserialize;
@@ -61,6 +62,11 @@ pub struct ProviderSection {
     max_rate: Option<f64>,
     timeout_ms: Option<u64>,
     max_in_flight: Option<usize>,
+    adaptive: Option<bool>,
+    latency_target_ms: Option<u64>,
+    adaptive_increase: Option<f64>,
+    adaptive_decrease: Option<f64>,
+    adaptive_floor: Option<f64>,
 }
 
 fn http1_client<'de, D: serde::Deserializer<'de>>(
@@ -72,7 +78,7 @@ fn http1_client<'de, D: serde::Deserializer<'de>>(
 impl ProviderSection {
     /// The fields that are set, by name, to refuse those of another kind.
     fn set_fields(&self) -> Vec<&'static str> {
-        let all: [(&'static str, bool); 24] = [
+        let all: [(&'static str, bool); 29] = [
             ("team_id", self.team_id.is_some()),
             ("key_id", self.key_id.is_some()),
             ("key_file", self.key_file.is_some()),
@@ -106,6 +112,11 @@ impl ProviderSection {
             ("max_rate", self.max_rate.is_some()),
             ("timeout_ms", self.timeout_ms.is_some()),
             ("max_in_flight", self.max_in_flight.is_some()),
+            ("adaptive", self.adaptive.is_some()),
+            ("latency_target_ms", self.latency_target_ms.is_some()),
+            ("adaptive_increase", self.adaptive_increase.is_some()),
+            ("adaptive_decrease", self.adaptive_decrease.is_some()),
+            ("adaptive_floor", self.adaptive_floor.is_some()),
         ];
         all.into_iter()
             .filter(|(_, s)| *s)
@@ -114,7 +125,29 @@ impl ProviderSection {
     }
 }
 
-const COMMON_FIELDS: &[&str] = &["ca_file", "max_rate", "timeout_ms", "max_in_flight"];
+const COMMON_FIELDS: &[&str] = &[
+    "ca_file",
+    "max_rate",
+    "timeout_ms",
+    "max_in_flight",
+    "adaptive",
+    "latency_target_ms",
+    "adaptive_increase",
+    "adaptive_decrease",
+    "adaptive_floor",
+];
+
+/// `latency_target_ms` when not set: an answer this slow at p95 means the provider is
+/// queueing, well before the default 5 s timeout turns answers into retries.
+pub const DEFAULT_LATENCY_TARGET_MS: u64 = 2000;
+
+/// The adaptive ceiling's law when nothing is set.
+pub fn default_adaptive() -> CeilingParams {
+    CeilingParams {
+        latency_target: Some(Duration::from_millis(DEFAULT_LATENCY_TARGET_MS)),
+        ..CeilingParams::default()
+    }
+}
 const APNS_FIELDS: &[&str] = &[
     "team_id",
     "key_id",
@@ -214,6 +247,7 @@ fn implicit(sender: &SenderSettings) -> NamedProvider {
                 max_rate: None,
                 timeout: Duration::from_millis(sender.timeout_ms),
                 max_in_flight: sender.max_in_flight,
+                adaptive: Some(default_adaptive()),
             },
         }),
     };
@@ -310,7 +344,40 @@ impl Ctx<'_> {
             max_rate,
             timeout: Duration::from_millis(timeout_ms),
             max_in_flight,
+            adaptive: self.adaptive()?,
         })
+    }
+
+    /// The adaptive ceiling's law, each constant checked (`None`: `adaptive = false`).
+    fn adaptive(&self) -> Result<Option<CeilingParams>, ConfigError> {
+        let s = self.section;
+        if s.adaptive == Some(false) {
+            return Ok(None);
+        }
+        let d = default_adaptive();
+        let beta = s.adaptive_decrease.unwrap_or(d.beta);
+        if !(beta > 0.0 && beta < 1.0) {
+            return Err(self.err("adaptive_decrease", "must be above 0 and below 1"));
+        }
+        let alpha = s.adaptive_increase.unwrap_or(d.alpha);
+        if !(alpha > 0.0 && alpha <= 1.0) {
+            return Err(self.err("adaptive_increase", "must be above 0 and at most 1"));
+        }
+        let floor = s.adaptive_floor.unwrap_or(d.floor);
+        if !(floor >= 1.0 && floor <= crate::limiter::rate::MAX_RATE_PER_SECOND) {
+            return Err(self.err("adaptive_floor", "must be at least 1 (sends/s)"));
+        }
+        let latency_target = match s.latency_target_ms.unwrap_or(DEFAULT_LATENCY_TARGET_MS) {
+            0 => None,
+            ms if ms <= 600_000 => Some(Duration::from_millis(ms)),
+            _ => return Err(self.err("latency_target_ms", "must be 0 (off) to 600000")),
+        };
+        Ok(Some(CeilingParams {
+            beta,
+            alpha,
+            floor,
+            latency_target,
+        }))
     }
 
     /// The secret of `file_field` or of its text field (from the environment): exactly

@@ -3,6 +3,7 @@
 //! and the summary come from what the mock accepted; at the end it prints a few of the
 //! mock's answers and the dead token's `410 Unregistered`, as recorded by the worker.
 
+use super::feed::Feeder;
 use super::{plan_campaigns, progress_bar, start_api, summary_table, DemoArgs, DemoError, DemoRow};
 use crate::config::Settings;
 use crate::mock::apns::{ApnsMock, MockApnsConfig};
@@ -61,14 +62,20 @@ pub(super) async fn run(
     let (plan, algorithms) = plan_campaigns(&settings, &pool, args, &run_id).await?;
     let style = TokenStyle::ApnsHex { dead: Some(0) };
     let dead = style.device(&run_id, &plan.campaigns[0].id, 0, 0);
+    let mut feeder = Feeder::new(
+        &bootstrap,
+        &settings.kafka.topic,
+        &run_id,
+        style,
+        plan.campaigns.clone(),
+        false,
+    )?;
+    feeder.top_up(|_| 0).await?;
     println!(
-        "producing {} jobs ({} devices, one of them a dead token) for {} campaigns…",
-        plan.total_jobs(),
+        "{} campaigns ({} devices, one of them a dead token), produced as they send",
+        plan.campaigns.len(),
         plan.total_devices(),
-        plan.campaigns.len()
     );
-    crate::produce::produce_styled(&bootstrap, &settings.kafka.topic, &plan, &style, |_| {})
-        .await?;
 
     let mut settings = settings;
     settings.kafka.group_id = format!("pushpace-{run_id}");
@@ -81,7 +88,7 @@ pub(super) async fn run(
         println!("dashboard: {}/", app.url());
     }
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(args.duration * 3 + 30);
+    let deadline = started + Duration::from_secs(args.sized_seconds() * 3 + 30);
     // Every device but the dead one is deliverable.
     let total = plan.total_devices() as u64 - 1;
     let mut seen = vec![Seen::default(); plan.campaigns.len()];
@@ -91,6 +98,15 @@ pub(super) async fn run(
         tick.tick().await;
         let now = Instant::now();
         let counts = per_campaign(&mock, plan.campaigns.len());
+        let by_id: HashMap<&str, u64> = plan
+            .campaigns
+            .iter()
+            .zip(&counts)
+            .map(|(c, n)| (c.id.as_str(), n.0))
+            .collect();
+        feeder
+            .top_up(|id| by_id.get(id).copied().unwrap_or(0))
+            .await?;
         let mut out = format!("t={:>3}s", started.elapsed().as_secs());
         for (i, c) in plan.campaigns.iter().enumerate() {
             let (distinct, duplicates) = counts[i];
@@ -153,6 +169,8 @@ pub(super) async fn run(
                 },
                 max_1s: s.max_1s,
                 duration_s: span,
+                dropped_by_broker: 0,
+                unsent: 0,
             }
         })
         .collect();
@@ -187,6 +205,7 @@ fn apns_provider(
                 max_rate: None,
                 timeout: Duration::from_millis(settings.sender.timeout_ms),
                 max_in_flight: settings.sender.max_in_flight,
+                adaptive: Some(crate::provider::ceiling::CeilingParams::default()),
             },
         }),
     }

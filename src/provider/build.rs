@@ -37,6 +37,7 @@ pub fn build_one(p: &NamedProvider) -> Result<Provider, ProviderError> {
             .spec
             .common()
             .map(|c| u32::try_from(c.max_in_flight).unwrap_or(u32::MAX)),
+        adaptive: p.spec.common().and_then(|c| c.adaptive),
         sender,
     })
 }

@@ -13,6 +13,7 @@
 
 pub mod apns;
 pub mod build;
+pub mod ceiling;
 pub mod check;
 pub mod fcm;
 pub mod h2pool;
@@ -75,6 +76,8 @@ pub struct Provider {
     pub max_rate: Option<Rate>,
     /// Sends in flight through this provider at most (within `sender.max_in_flight`).
     pub max_in_flight: Option<u32>,
+    /// Its adaptive ceiling's law (`None`: no ceiling).
+    pub adaptive: Option<ceiling::CeilingParams>,
     pub sender: AnySender,
 }
 
@@ -85,6 +88,7 @@ impl std::fmt::Debug for Provider {
             .field("kind", &self.kind)
             .field("max_rate", &self.max_rate)
             .field("max_in_flight", &self.max_in_flight)
+            .field("adaptive", &self.adaptive)
             .finish()
     }
 }
@@ -97,7 +101,8 @@ pub struct Providers {
 }
 
 impl Providers {
-    /// One provider, the default, named `name`.
+    /// One provider, the default, named `name`: a bare sender, with no cap and no
+    /// adaptive ceiling.
     pub fn single(name: &str, kind: ProviderKind, sender: AnySender) -> Self {
         Self {
             list: vec![Provider {
@@ -105,6 +110,7 @@ impl Providers {
                 kind,
                 max_rate: None,
                 max_in_flight: None,
+                adaptive: None,
                 sender,
             }],
             default: 0,

@@ -3,6 +3,7 @@
 //! files once, at start). Secrets are [`SecretString`]s, and every `Debug` here is
 //! written by hand so that none is ever printed (`pushpace config` prints `Debug`).
 
+use super::ceiling::CeilingParams;
 use super::ProviderKind;
 use crate::limiter::Rate;
 use secrecy::SecretString;
@@ -96,6 +97,8 @@ pub struct CommonSpec {
     pub timeout: Duration,
     /// Sends in flight through this provider, at most.
     pub max_in_flight: usize,
+    /// The adaptive ceiling's law (`None`: `adaptive = false`).
+    pub adaptive: Option<CeilingParams>,
 }
 
 impl CommonSpec {
@@ -108,6 +111,7 @@ impl CommonSpec {
             max_rate: None,
             timeout: Duration::from_secs(10),
             max_in_flight: 100,
+            adaptive: Some(CeilingParams::default()),
         }
     }
 }
@@ -120,6 +124,7 @@ impl fmt::Debug for CommonSpec {
             .field("max_rate", &self.max_rate.map(|r| r.as_f64()))
             .field("timeout", &self.timeout)
             .field("max_in_flight", &self.max_in_flight)
+            .field("adaptive", &self.adaptive)
             .finish()
     }
 }

@@ -15,8 +15,10 @@
 //! before its request left is tried once on a new one; a send that may have reached the
 //! provider is never repeated here (the scheduler decides about retries).
 
+use super::http::PushHeaders;
 use super::http::{connect_tcp, Snippet, USER_AGENT};
 use super::SendOutcome;
+use crate::provider::ceiling::Signal;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, USER_AGENT as USER_AGENT_HEADER};
@@ -82,12 +84,12 @@ impl H2cPool {
     }
 
     /// One POST of `body` (the caller bounds it by the send timeout).
-    pub(super) async fn exchange(self: Arc<Self>, body: Bytes, key: HeaderValue) -> SendOutcome {
+    pub(super) async fn exchange(self: Arc<Self>, body: Bytes, push: PushHeaders) -> SendOutcome {
         let slot = self.next.fetch_add(1, Relaxed) % self.slots.len();
         let mut tries = 0;
         let response = loop {
             tries += 1;
-            let request = self.request(body.len(), key.clone());
+            let request = self.request(body.len(), push.clone());
             match self.start(slot, request, body.clone()).await {
                 Ok(response) => break response,
                 // Nothing reached the provider: one more try on a new connection.
@@ -96,6 +98,7 @@ impl H2cPool {
                     return SendOutcome::RetryProvider {
                         after: None,
                         reason: format!("connection error: {reason}"),
+                        signal: Some(Signal::Connection),
                     }
                 }
             }
@@ -103,7 +106,7 @@ impl H2cPool {
         read_response(response).await
     }
 
-    fn request(&self, len: usize, key: HeaderValue) -> Request<()> {
+    fn request(&self, len: usize, push: PushHeaders) -> Request<()> {
         let mut request = Request::new(());
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
@@ -111,7 +114,7 @@ impl H2cPool {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
         headers.insert(USER_AGENT_HEADER, HeaderValue::from_static(USER_AGENT));
-        headers.insert("idempotency-key", key);
+        push.insert_into(headers);
         request
     }
 

@@ -10,6 +10,7 @@ use super::http1::Http1Pool;
 use super::retry::parse_retry_after;
 use super::{no_such_device, SendFuture, SendOutcome, Sender, SenderError};
 use crate::job::{write_json_str, Job};
+use crate::provider::ceiling::Signal;
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -220,22 +221,27 @@ impl Sender for HttpSender {
                 })
             }
         };
+        let headers = PushHeaders {
+            key,
+            sent_at: HeaderValue::from(unix_micros()),
+        };
         let timeout = self.timeout;
         let client = match &self.transport {
             Transport::Reqwest(client) => client,
             Transport::Http1(pool) => {
-                let exchange = Arc::clone(pool).exchange(body.into(), key);
+                let exchange = Arc::clone(pool).exchange(body.into(), headers);
                 return SendFuture::boxed(bounded(timeout, exchange));
             }
             Transport::H2c(pool) => {
-                let exchange = Arc::clone(pool).exchange(body.into(), key);
+                let exchange = Arc::clone(pool).exchange(body.into(), headers);
                 return SendFuture::boxed(bounded(timeout, exchange));
             }
         };
         let request = client
             .post((*self.url).clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header("idempotency-key", key)
+            .header("idempotency-key", headers.key)
+            .header(SENT_AT, headers.sent_at)
             .body(body);
         SendFuture::boxed(async move {
             match request.send().await {
@@ -287,6 +293,32 @@ async fn classify_response(mut response: reqwest::Response) -> SendOutcome {
     snippet.outcome(status.as_u16(), response.headers())
 }
 
+/// The header with the instant the scheduler released a push (unix µs): receivers can
+/// tell queueing from pacing, and the test sink measures pacing on it, not on arrival.
+pub const SENT_AT: &str = "x-pushpace-sent-at";
+
+/// The per-push headers of a webhook request.
+#[derive(Debug, Clone)]
+pub(super) struct PushHeaders {
+    /// `Idempotency-Key: <job_id>:<device index>`.
+    pub key: HeaderValue,
+    /// [`SENT_AT`].
+    pub sent_at: HeaderValue,
+}
+
+impl PushHeaders {
+    pub(super) fn insert_into(self, headers: &mut http::HeaderMap) {
+        headers.insert("idempotency-key", self.key);
+        headers.insert(SENT_AT, self.sent_at);
+    }
+}
+
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// The outcome of a non-2xx answer: 429 and 5xx are retried, 410 is a dead token, any
 /// other status is rejected.
 fn classify_status(code: u16, retry_after: Option<Duration>, snippet: String) -> SendOutcome {
@@ -299,6 +331,11 @@ fn classify_status(code: u16, retry_after: Option<Duration>, snippet: String) ->
         SendOutcome::RetryProvider {
             after: retry_after,
             reason,
+            signal: Some(if code == 429 {
+                Signal::Throttled
+            } else {
+                Signal::Unavailable
+            }),
         }
     } else if code == 410 {
         // Gone: the webhook's way of saying the token is dead.
@@ -321,6 +358,7 @@ async fn bounded(
         Err(_) => SendOutcome::RetryProvider {
             after: None,
             reason: format!("timeout after {} ms", timeout.as_millis()),
+            signal: Some(Signal::Timeout),
         },
     }
 }
@@ -389,6 +427,7 @@ fn classify_error(e: reqwest::Error, timeout: Duration) -> SendOutcome {
         return SendOutcome::RetryProvider {
             after: None,
             reason: format!("timeout after {} ms", timeout.as_millis()),
+            signal: Some(Signal::Timeout),
         };
     }
     if e.is_builder() {
@@ -400,6 +439,7 @@ fn classify_error(e: reqwest::Error, timeout: Duration) -> SendOutcome {
     SendOutcome::RetryProvider {
         after: None,
         reason: format!("connection error: {}", error_chain(e)),
+        signal: Some(Signal::Connection),
     }
 }
 

@@ -16,8 +16,10 @@
 //! send goes out on a new one; a send that may have reached the provider is never
 //! repeated here (the scheduler decides about retries).
 
+use super::http::PushHeaders;
 use super::http::{connect_tcp, Snippet, USER_AGENT};
 use super::SendOutcome;
+use crate::provider::ceiling::Signal;
 use bytes::Bytes;
 use crossbeam_queue::ArrayQueue;
 use http::header::{CONTENT_TYPE, HOST, USER_AGENT as USER_AGENT_HEADER};
@@ -108,8 +110,8 @@ impl Http1Pool {
     }
 
     /// One POST of `body` (the caller bounds it by the send timeout).
-    pub(super) async fn exchange(self: Arc<Self>, body: Bytes, key: HeaderValue) -> SendOutcome {
-        let mut request = self.request(body, key);
+    pub(super) async fn exchange(self: Arc<Self>, body: Bytes, push: PushHeaders) -> SendOutcome {
+        let mut request = self.request(body, push);
         // Stale idle connections are skipped without counting; after one that failed
         // unsent, the next try is on a connection of its own.
         let mut fresh_only = false;
@@ -124,6 +126,7 @@ impl Http1Pool {
                     return SendOutcome::RetryProvider {
                         after: None,
                         reason: format!("connection error: {reason}"),
+                        signal: Some(Signal::Connection),
                     }
                 }
             }
@@ -136,7 +139,7 @@ impl Http1Pool {
         outcome
     }
 
-    fn request(&self, body: Bytes, key: HeaderValue) -> Request<Full<Bytes>> {
+    fn request(&self, body: Bytes, push: PushHeaders) -> Request<Full<Bytes>> {
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.target.clone();
@@ -144,7 +147,7 @@ impl Http1Pool {
         headers.insert(HOST, self.host.clone());
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(USER_AGENT_HEADER, HeaderValue::from_static(USER_AGENT));
-        headers.insert("idempotency-key", key);
+        push.insert_into(headers);
         request
     }
 

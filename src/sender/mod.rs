@@ -15,7 +15,8 @@ mod http1;
 mod null;
 mod retry;
 
-pub use http::{push_body, Http1Client, HttpSender, HttpSenderConfig};
+pub use crate::provider::ceiling::Signal;
+pub use http::{push_body, Http1Client, HttpSender, HttpSenderConfig, SENT_AT};
 pub use null::NullSender;
 pub use retry::{backoff_ceiling, parse_retry_after, retry_delay, MAX_RETRY_AFTER};
 
@@ -49,6 +50,9 @@ pub enum SendOutcome {
     RetryProvider {
         after: Option<Duration>,
         reason: String,
+        /// What it says of the provider's load, for its adaptive ceiling (`None`: it
+        /// says nothing, e.g. the OAuth endpoint is down).
+        signal: Option<Signal>,
     },
     /// Permanent for this device only (a request that can never be accepted):
     /// dead-lettered with the provider's reason.

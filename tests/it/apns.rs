@@ -193,6 +193,7 @@ async fn each_answer_maps_to_its_class() {
             SendOutcome::RetryProvider {
                 after: None,
                 reason: "APNs 500 InternalServerError".into(),
+                signal: Some(pushpace::sender::Signal::Unavailable),
             },
         ),
         (
@@ -200,6 +201,7 @@ async fn each_answer_maps_to_its_class() {
             SendOutcome::RetryProvider {
                 after: Some(Duration::from_secs(2)),
                 reason: "APNs 503 ServiceUnavailable".into(),
+                signal: Some(pushpace::sender::Signal::Unavailable),
             },
         ),
         (
@@ -207,6 +209,7 @@ async fn each_answer_maps_to_its_class() {
             SendOutcome::RetryProvider {
                 after: None,
                 reason: "APNs 503 Shutdown".into(),
+                signal: Some(pushpace::sender::Signal::Unavailable),
             },
         ),
     ];

@@ -3,6 +3,7 @@
 //! request shape, keep-alive, h2c, and the sink's own accounting and control endpoints.
 
 use pushpace::job::Job;
+use pushpace::provider::ceiling::Signal;
 use pushpace::sender::{
     AnySender, Http1Client, HttpSender, HttpSenderConfig, NullSender, SendOutcome, Sender,
 };
@@ -193,7 +194,12 @@ async fn too_many_requests_is_retried_after_the_given_seconds() {
             retry_after: Some(RetryAfter::Seconds(7)),
         });
         match sender.send(&job, 0).await {
-            SendOutcome::RetryProvider { after, reason } => {
+            SendOutcome::RetryProvider {
+                after,
+                reason,
+                signal,
+            } => {
+                assert_eq!(signal, Some(Signal::Throttled));
                 assert_eq!(after, Some(Duration::from_secs(7)));
                 assert!(reason.starts_with("HTTP 429"), "{reason}");
             }
@@ -243,6 +249,7 @@ async fn server_errors_are_retried() {
             SendOutcome::RetryProvider {
                 after: None,
                 reason,
+                signal: Some(Signal::Unavailable),
             } => {
                 assert!(reason.starts_with("HTTP 500: "), "{reason}");
                 assert!(reason.contains("provider failure"), "{reason}");
@@ -287,6 +294,7 @@ async fn a_slow_provider_times_out_and_is_retried() {
             SendOutcome::RetryProvider {
                 after: None,
                 reason,
+                signal: Some(Signal::Timeout),
             } => {
                 assert_eq!(reason, "timeout after 300 ms");
             }
@@ -312,6 +320,7 @@ async fn a_dropped_connection_is_retried() {
             SendOutcome::RetryProvider {
                 after: None,
                 reason,
+                signal: Some(Signal::Connection),
             } => {
                 assert!(reason.starts_with("connection error: "), "{reason}");
                 assert!(
@@ -343,6 +352,7 @@ async fn a_refused_connection_is_retried() {
             SendOutcome::RetryProvider {
                 after: None,
                 reason,
+                signal: Some(Signal::Connection),
             } => assert!(
                 reason.starts_with("connection error"),
                 "{}: {reason}",

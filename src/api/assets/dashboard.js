@@ -10,7 +10,8 @@ const COLORS = { sent: "#1f77b4", failed: "#d62728", rate: "#ff7f0e" };
 
 // Exposed for people poking at the page (and for the browser test).
 const charts = new Map();
-window.pushpace = { charts, refresh: () => tick() };
+const providerCharts = new Map();
+window.pushpace = { charts, providerCharts, refresh: () => tick() };
 
 const $ = (sel) => document.querySelector(sel);
 const rows = new Map();
@@ -153,6 +154,14 @@ function renderTable(list) {
     if (c.halt_reason) r.status.textContent = `halted: ${c.halt_reason}`;
     r.algorithm.textContent = c.algorithm + (c.burst ? ` (burst ${c.burst})` : "");
     r.sendRate.textContent = fmt(c.send_rate, 3);
+    // Its share while a cap or its provider's adaptive ceiling binds it.
+    const eff = c.live && c.live.effective_rate;
+    if (eff !== undefined && eff < c.send_rate * 0.999) {
+      r.sendRate.textContent += ` → ${fmt(eff, 1)}`;
+      r.sendRate.title = "effective rate: its share of a cap or provider ceiling that binds";
+    } else {
+      r.sendRate.title = "";
+    }
     r.rate10.textContent = fmt(c.rate_10s, 1);
     r.sent.textContent = fmt(c.sent);
     r.failed.textContent = fmt(c.failed + (c.rejected || 0)) + (c.invalid ? ` (+${fmt(c.invalid)} invalid)` : "");
@@ -251,6 +260,93 @@ function syncCharts(list) {
   return Promise.all(held.map((c) => refreshChart(charts.get(c.id), c).catch(() => {})));
 }
 
+function providerState(p) {
+  if (p.state === "paused" && p.paused_until_unix_ms) {
+    return "paused until " + new Date(p.paused_until_unix_ms).toLocaleTimeString();
+  }
+  return p.adaptive ? p.state : "not adaptive";
+}
+
+function makeProviderChart(p) {
+  const box = document.createElement("div");
+  box.className = "chart";
+  box.dataset.provider = p.name;
+  const title = document.createElement("h3");
+  box.appendChild(title);
+  $("#provider-charts").appendChild(box);
+  const plot = new uPlot(
+    {
+      width: chartWidth(box),
+      height: 220,
+      scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
+      series: [
+        {},
+        { label: "ceiling", stroke: "#9467bd", width: 2, points: { show: false } },
+        { label: "summed send_rate", stroke: COLORS.rate, width: 1.5, dash: [6, 4], points: { show: false } },
+        { label: "sent/s", stroke: COLORS.sent, width: 1, points: { show: false } },
+        { label: "accepted/s", stroke: "#2ca02c", width: 1, points: { show: false } },
+      ],
+      axes: [{}, { label: "per second", size: 60 }],
+    },
+    [[], [], [], [], []],
+    box
+  );
+  return { box, title, plot };
+}
+
+function renderProviders(list) {
+  const body = $("#providers tbody");
+  body.replaceChildren();
+  for (const p of list) {
+    const tr = document.createElement("tr");
+    tr.dataset.provider = p.name;
+    const last = p.history.length ? p.history[p.history.length - 1] : null;
+    const congested = Object.entries(p.congestion).filter(([, n]) => n > 0).map(([s, n]) => `${s} ${fmt(n)}`);
+    const cells = [
+      p.name,
+      p.kind,
+      providerState(p),
+      p.ceiling === null ? "–" : fmt(p.ceiling, 1),
+      last ? fmt(last.demand, 1) : "–",
+      last ? fmt(last.achieved) : "–",
+      p.p95_ms === null ? "–" : fmt(p.p95_ms, 1) + " ms",
+      congested.join(", ") || "none",
+    ];
+    cells.forEach((text, i) => {
+      const td = cell(tr, i >= 3 && i <= 6 ? "num" : undefined);
+      td.textContent = text;
+      if (i === 2) td.className = "state";
+    });
+    body.appendChild(tr);
+  }
+  $("#no-providers").hidden = list.length > 0;
+  const names = new Set(list.map((p) => p.name));
+  for (const [name, ch] of providerCharts) {
+    if (!names.has(name)) {
+      ch.plot.destroy();
+      ch.box.remove();
+      providerCharts.delete(name);
+    }
+  }
+  for (const p of list.filter((p) => p.adaptive)) {
+    let ch = providerCharts.get(p.name);
+    if (!ch) {
+      ch = makeProviderChart(p);
+      providerCharts.set(p.name, ch);
+    }
+    ch.title.textContent = `${p.name} · ${providerState(p)}`;
+    const h = p.history;
+    // An inactive ceiling is drawn at the summed send_rate: it does not bind.
+    ch.plot.setData([
+      h.map((x) => x.unix_s),
+      h.map((x) => (x.ceiling === null ? x.demand : x.ceiling)),
+      h.map((x) => x.demand),
+      h.map((x) => x.achieved),
+      h.map((x) => x.accepted),
+    ]);
+  }
+}
+
 let busy = false;
 async function tick() {
   if (busy) return;
@@ -260,6 +356,8 @@ async function tick() {
     if (!res.ok) throw new Error(res.status + " " + res.statusText);
     const list = await res.json();
     renderTable(list);
+    const pres = await fetch("/api/providers");
+    if (pres.ok) renderProviders(await pres.json());
     await syncCharts(list);
     $("#updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
@@ -274,7 +372,9 @@ $("#forget-token").addEventListener("click", () => {
   say("Token forgotten.", "ok");
 });
 window.addEventListener("resize", () => {
-  for (const ch of charts.values()) ch.plot.setSize({ width: chartWidth(ch.box), height: 220 });
+  for (const ch of [...charts.values(), ...providerCharts.values()]) {
+    ch.plot.setSize({ width: chartWidth(ch.box), height: 220 });
+  }
 });
 tick();
 setInterval(tick, REFRESH_MS);

@@ -6,6 +6,7 @@
 //! the provider's setup (key, topic, certificate) halt every campaign on the provider,
 //! so that a bad configuration does not burn through a campaign's devices.
 
+use crate::provider::ceiling::Signal;
 use crate::sender::{parse_retry_after, HaltScope, SendOutcome};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -109,6 +110,11 @@ pub fn classify(
         Class::RetryProvider => SendOutcome::RetryProvider {
             after: after(),
             reason,
+            signal: Some(if status == StatusCode::TOO_MANY_REQUESTS {
+                Signal::Throttled
+            } else {
+                Signal::Unavailable
+            }),
         },
         Class::HaltProvider => SendOutcome::Halt {
             scope: HaltScope::Provider,
@@ -236,7 +242,8 @@ mod tests {
                 o,
                 SendOutcome::RetryProvider {
                     after: Some(Duration::from_secs(7)),
-                    reason: format!("APNs {status} {reason}")
+                    reason: format!("APNs {status} {reason}"),
+                    signal: Some(Signal::Unavailable),
                 }
             );
             assert_eq!(code, reason);

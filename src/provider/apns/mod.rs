@@ -186,6 +186,7 @@ impl Inner {
                     let retry = SendOutcome::RetryProvider {
                         after: None,
                         reason: String::new(),
+                        signal: None,
                     };
                     self.metrics.record(&retry, code);
                     auth = next;

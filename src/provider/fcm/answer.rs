@@ -11,6 +11,7 @@
 //! registration token. Otherwise the message itself is invalid, which every device of
 //! the campaign would get: `Halt{Campaign}`.
 
+use crate::provider::ceiling::Signal;
 use crate::sender::{parse_retry_after, HaltScope, SendOutcome};
 use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
@@ -121,6 +122,7 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdict
         "UNAVAILABLE" | "INTERNAL" => SendOutcome::RetryProvider {
             after: retry_after,
             reason,
+            signal: Some(Signal::Unavailable),
         },
         "THIRD_PARTY_AUTH_ERROR" | "PERMISSION_DENIED" => halt(HaltScope::Provider, reason),
         "UNAUTHENTICATED" => return Verdict::Unauthenticated(reason),
@@ -131,6 +133,7 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdict
             500..=599 => SendOutcome::RetryProvider {
                 after: retry_after,
                 reason,
+                signal: Some(Signal::Unavailable),
             },
             s => SendOutcome::Rejected {
                 status: Some(s),
@@ -150,6 +153,7 @@ fn quota(retry_after: Option<Duration>, reason: String) -> SendOutcome {
     SendOutcome::RetryProvider {
         after: Some(retry_after.map_or(QUOTA_MIN_WAIT, |d| d.max(QUOTA_MIN_WAIT))),
         reason,
+        signal: Some(Signal::Throttled),
     }
 }
 

@@ -88,6 +88,8 @@ impl TokenError {
             TokenError::Unavailable(e) => SendOutcome::RetryProvider {
                 after: None,
                 reason: format!("FCM token endpoint unavailable: {e}"),
+                // The token endpoint's trouble says nothing of the send quota.
+                signal: None,
             },
             TokenError::Refused(e) => SendOutcome::Halt {
                 scope: HaltScope::Provider,

@@ -22,6 +22,7 @@
 mod connection;
 mod slots;
 
+use crate::provider::ceiling::Signal;
 use crate::sender::SendOutcome;
 use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
@@ -106,9 +107,14 @@ impl TransportError {
             }
             _ => None,
         };
+        let signal = match &self {
+            TransportError::Timeout { .. } => Signal::Timeout,
+            _ => Signal::Connection,
+        };
         SendOutcome::RetryProvider {
             after,
             reason: self.to_string(),
+            signal: Some(signal),
         }
     }
 }

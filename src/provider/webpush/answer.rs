@@ -1,6 +1,7 @@
 //! The Web Push answer classes (RFC 8030 section 5 and the push services' practice):
 //! each status maps to one [`SendOutcome`] and a bounded reason code for metrics.
 
+use crate::provider::ceiling::Signal;
 use crate::sender::{parse_retry_after, HaltScope, SendOutcome};
 use http::{HeaderMap, StatusCode};
 use std::time::{Duration, SystemTime};
@@ -44,6 +45,7 @@ pub fn classify(
             SendOutcome::RetryProvider {
                 after: retry_after(headers),
                 reason: reason("rate limited by the push service"),
+                signal: Some(Signal::Throttled),
             },
             "rate_limited",
         ),
@@ -67,6 +69,7 @@ pub fn classify(
             SendOutcome::RetryProvider {
                 after: retry_after(headers),
                 reason: reason("push service error"),
+                signal: Some(Signal::Unavailable),
             },
             "server_error",
         ),
@@ -172,7 +175,7 @@ mod tests {
         );
         let (outcome, code) = class(429, &headers, "slow\ndown");
         assert_eq!(code, "rate_limited");
-        let SendOutcome::RetryProvider { after, reason } = outcome else {
+        let SendOutcome::RetryProvider { after, reason, .. } = outcome else {
             panic!("{outcome:?}");
         };
         assert_eq!(after, Some(Duration::from_secs(30)));

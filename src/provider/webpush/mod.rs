@@ -25,6 +25,7 @@ pub mod subscription;
 pub mod vapid;
 
 use crate::job::{Job, PushOptions};
+use crate::provider::ceiling::Signal;
 use crate::provider::settings::WebPushSpec;
 use crate::provider::{AnswerMetrics, ProviderError};
 use crate::sender::{HaltScope, SendFuture, SendOutcome, Sender};
@@ -192,9 +193,15 @@ fn transport_error(e: reqwest::Error) -> SendOutcome {
         reason.push_str(&cause.to_string());
         source = cause.source();
     }
+    let signal = if e.is_timeout() {
+        Signal::Timeout
+    } else {
+        Signal::Connection
+    };
     SendOutcome::RetryProvider {
         after: None,
         reason,
+        signal: Some(signal),
     }
 }
 

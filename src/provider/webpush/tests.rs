@@ -17,6 +17,7 @@ fn spec(key: SecretString, subject: &str) -> WebPushSpec {
             max_rate: None,
             timeout: Duration::from_secs(5),
             max_in_flight: 100,
+            adaptive: Some(crate::provider::ceiling::CeilingParams::default()),
         },
     }
 }

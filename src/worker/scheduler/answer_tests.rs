@@ -72,6 +72,7 @@ impl Harness {
                 kind: ProviderKind::Apns,
                 max_rate: None,
                 max_in_flight: None,
+                adaptive: None,
                 sender: AnySender::Provider(sender.clone()),
             }],
             "ios",

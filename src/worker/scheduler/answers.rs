@@ -76,6 +76,7 @@ impl Scheduler {
             attempt,
             first_failed,
             outcome,
+            latency_ns,
         } = done;
         let Some(job) = self.jobs[slot as usize].as_mut() else {
             return;
@@ -89,6 +90,8 @@ impl Scheduler {
             *n = n.saturating_sub(1);
         }
         self.in_flight -= 1;
+        let provider = job.job.provider_slot;
+        self.lane_answer(provider, &outcome, latency_ns, now);
         let c = self.campaigns[cslot as usize]
             .as_mut()
             .expect("campaign of job");
@@ -116,7 +119,7 @@ impl Scheduler {
                 true
             }
             SendOutcome::RetryDevice { after, reason }
-            | SendOutcome::RetryProvider { after, reason } => {
+            | SendOutcome::RetryProvider { after, reason, .. } => {
                 self.retry(retry, after, reason, now, unix_sec);
                 false
             }

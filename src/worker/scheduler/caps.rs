@@ -71,14 +71,27 @@ impl Scheduler {
             })
             .collect();
         let mut shares: HashMap<u32, f64> = HashMap::new();
-        for (p, cap) in self.provider_caps.iter().enumerate() {
-            let Some(cap) = cap else { continue };
+        for p in 0..self.provider_caps.len().max(self.lanes.len()) {
+            // The provider's max_rate, lowered by its adaptive ceiling while one binds.
+            let fixed = self
+                .provider_caps
+                .get(p)
+                .and_then(Option::as_ref)
+                .map(|c| c.global_rate().as_f64());
+            let ceiling = self.lanes.get(p).and_then(|l| l.limit());
+            let cap = match (fixed, ceiling) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => match a.or(b) {
+                    Some(cap) => cap,
+                    None => continue,
+                },
+            };
             let mut group: Vec<(f64, u32)> = sending
                 .iter()
                 .filter(|(_, _, provider)| usize::from(*provider) == p)
                 .map(|&(rate, slot, _)| (rate, slot))
                 .collect();
-            max_min(cap.global_rate().as_f64(), &mut group, &mut shares);
+            max_min(cap, &mut group, &mut shares);
         }
         if let Some(g) = &self.global {
             let mut wanted: Vec<(f64, u32)> = sending
@@ -120,6 +133,7 @@ mod tests {
             kind: ProviderKind::Null,
             max_rate: max_rate.map(|r| Rate::per_second(r).unwrap()),
             max_in_flight: None,
+            adaptive: None,
             sender: AnySender::Null(NullSender),
         }
     }

@@ -30,6 +30,9 @@ use crate::limiter::{
 };
 mod answers;
 mod caps;
+mod lanes;
+
+pub use lanes::{LanePoint, ProviderLive, HISTORY_S};
 
 pub use answers::{MISMATCH_MIN, MISMATCH_WINDOW, PROBE_IN_FLIGHT};
 
@@ -235,6 +238,8 @@ pub struct Completion {
     /// When its first attempt failed (0 before any failure).
     first_failed: Nanos,
     outcome: SendOutcome,
+    /// From dispatch to answer.
+    latency_ns: u64,
 }
 
 /// A record on its way to the outcomes stage, and the device it finishes.
@@ -325,7 +330,7 @@ struct Campaign {
     next_at: Option<Nanos>,
     counter: CampaignCounter,
     active: bool,
-    /// The limiter's rate: send_rate, or the fair share under a global cap.
+    /// The limiter's rate: send_rate, or its fair share under a cap or ceiling.
     effective_rate: Rate,
     sent: u64,
     failed: u64,
@@ -365,6 +370,8 @@ pub struct SchedulerStats {
     pub capped: u64,
     /// The campaigns this worker holds (active or waiting for a slot).
     pub campaigns: Arc<Vec<CampaignLive>>,
+    /// Each provider's lane: adaptive ceiling and its recent history.
+    pub providers: Arc<Vec<ProviderLive>>,
 }
 
 /// One campaign as the scheduler sees it; counts are cumulative since it was loaded.
@@ -372,6 +379,8 @@ pub struct SchedulerStats {
 pub struct CampaignLive {
     pub id: Arc<str>,
     pub rate: f64,
+    /// What it sends at: its rate, or its share when a cap or ceiling binds.
+    pub effective_rate: f64,
     pub algorithm: Algorithm,
     pub paused: bool,
     /// Why it is halted, when it is (by an answer here, or in the store).
@@ -397,6 +406,12 @@ pub struct Scheduler {
     provider_max_in_flight: Vec<u32>,
     /// Providers whose configuration was refused, by slot: their campaigns halt.
     provider_halts: Vec<Option<Arc<str>>>,
+    /// Each provider's lane (adaptive ceiling, sends this second, history), by slot.
+    lanes: Vec<lanes::Lane>,
+    /// The second the lanes last judged.
+    lanes_second: u64,
+    /// Summed send_rate per provider (kept to reuse its buffer).
+    lane_demand: Vec<f64>,
     halts_total: metrics::Counter,
     stats: StatsRecorder,
     global: Option<HierarchicalLimiter>,
@@ -461,6 +476,9 @@ impl Scheduler {
             provider_caps,
             provider_in_flight: vec![0; providers.len()],
             provider_max_in_flight,
+            lanes: providers.iter().map(lanes::Lane::new).collect(),
+            lanes_second: 0,
+            lane_demand: Vec::new(),
             providers,
             provider_halts: Vec::new(),
             halts_total: metrics::counter!("campaign_halts_total"),
@@ -518,6 +536,7 @@ impl Scheduler {
             .map(|c| CampaignLive {
                 id: c.settings.id.clone(),
                 rate: c.settings.rate.as_f64(),
+                effective_rate: c.effective_rate.as_f64(),
                 algorithm: c.settings.algorithm,
                 paused: c.settings.paused,
                 halted: c.halt.as_ref().map(|h| h.reason.clone()).or_else(|| {
@@ -545,6 +564,7 @@ impl Scheduler {
             skipped_invalid: self.counters.skipped_invalid,
             capped: self.counters.capped,
             campaigns: Arc::new(campaigns),
+            providers: Arc::new(self.lanes_live(self.now_hint, unix_ms())),
         }
     }
 
@@ -808,6 +828,7 @@ impl Scheduler {
     /// the next round.
     pub fn run_round(&mut self, now: Nanos, unix_sec: u64) -> Option<Nanos> {
         self.now_hint = self.now_hint.max(now);
+        self.tick_lanes(now, unix_sec);
         self.settle_letters();
         self.sweep_known(now);
         let n = self.active.len();
@@ -868,6 +889,12 @@ impl Scheduler {
         // Its share of max_in_flight, or more while half the pool sits idle: the share
         // only has to stop one slow campaign from starving the others.
         let cap = share.max(room_total / 2);
+        let lane = c.provider;
+        if let Some(until) = self.lane_paused(lane, now) {
+            // The provider asked for a pause: nothing until then, in-flight sends finish.
+            return Some(until);
+        }
+        let c = self.campaigns[slot as usize].as_mut()?;
         let provider = usize::from(c.provider);
         let provider_room = self
             .provider_max_in_flight
@@ -986,6 +1013,7 @@ impl Scheduler {
             self.hold_for_resume((jslot, device, attempt, first_failed), now);
             return;
         }
+        self.lane_sent(provider);
         let job = self.jobs[jslot as usize].as_mut().expect("dispatched job");
         job.in_flight += 1;
         if let Some(n) = self.provider_in_flight.get_mut(usize::from(provider)) {
@@ -1004,6 +1032,7 @@ impl Scheduler {
                     attempt,
                     first_failed,
                     outcome,
+                    latency_ns: 0,
                 },
                 now,
                 unix_sec,
@@ -1011,6 +1040,7 @@ impl Scheduler {
             Err(pending) => {
                 let tx = self.completions.clone();
                 tokio::spawn(async move {
+                    let started = std::time::Instant::now();
                     let outcome = pending.await;
                     let _ = tx.send(Completion {
                         slot: jslot,
@@ -1018,6 +1048,7 @@ impl Scheduler {
                         attempt,
                         first_failed,
                         outcome,
+                        latency_ns: started.elapsed().as_nanos() as u64,
                     });
                 });
             }
@@ -1309,6 +1340,12 @@ impl TimeBase {
 
 fn unix_now() -> u64 {
     crate::stats::unix_second(std::time::SystemTime::now())
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How often the driver publishes [`SchedulerStats`].

@@ -45,6 +45,7 @@ fn providers() -> Providers {
         kind,
         max_rate: None,
         max_in_flight: None,
+        adaptive: None,
         sender: AnySender::Null(NullSender),
     };
     Providers::new(

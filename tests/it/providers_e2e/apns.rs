@@ -39,6 +39,7 @@ async fn start(tune: impl FnOnce(&mut MockApnsConfig)) -> (ApnsMock, Env) {
             max_rate: None,
             timeout: Duration::from_secs(10),
             max_in_flight: 100,
+            adaptive: Some(pushpace::provider::ceiling::CeilingParams::default()),
         },
     };
     let sender = ApnsSender::new(&spec).expect("sender");

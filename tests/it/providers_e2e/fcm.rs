@@ -38,6 +38,7 @@ async fn fcm_tokens_are_refreshed_without_a_failed_send() {
             max_rate: None,
             timeout: Duration::from_secs(10),
             max_in_flight: 100,
+            adaptive: Some(pushpace::provider::ceiling::CeilingParams::default()),
         },
     };
     let env = Env::start(

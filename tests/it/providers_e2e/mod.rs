@@ -54,6 +54,7 @@ impl Env {
             kind,
             max_rate: None,
             max_in_flight: None,
+            adaptive: None,
             sender: AnySender::Provider(Arc::new(sender)),
         };
         let providers = Providers::new(vec![provider], name).expect("providers");

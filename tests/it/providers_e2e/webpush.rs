@@ -34,6 +34,7 @@ async fn webpush_plaintext_decrypts_to_the_jobs_payload() {
             max_rate: None,
             timeout: Duration::from_secs(10),
             max_in_flight: 100,
+            adaptive: Some(pushpace::provider::ceiling::CeilingParams::default()),
         },
     };
     let sender = WebPushSender::new(&spec).expect("sender");

@@ -16,6 +16,11 @@
 //! `GET /_sink/stats` returns the [`SinkSummary`] as JSON, and `PUT /_sink/behaviour`
 //! takes a [`BehaviourChange`]. Every other `POST` is a push.
 
+mod bucket;
+mod counting;
+
+pub use counting::{serve_counting_until, CountingSummary};
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -62,6 +67,20 @@ pub enum Behaviour {
     Slow { delay_ms: u64 },
     /// Reads the request, then drops the connection without answering.
     Reset,
+    /// A hidden quota: `per_second` pushes a second (at most `burst` at once) are
+    /// answered as in `Normal`, the rest 429 with an optional Retry-After.
+    Quota {
+        per_second: u64,
+        burst: u64,
+        retry_after: Option<RetryAfter>,
+    },
+    /// Answers as in `Normal`, but `delay_ms` late for pushes beyond `per_second` a
+    /// second (at most `burst` at once): a provider queueing past its capacity.
+    SlowAbove {
+        per_second: u64,
+        burst: u64,
+        delay_ms: u64,
+    },
 }
 
 /// The form of a Retry-After header.
@@ -124,6 +143,10 @@ pub struct Arrival {
     pub idempotency_key: Option<String>,
     /// Time since the sink started (monotonic).
     pub at: Duration,
+    /// When the worker released the push, on the same scale as `at` (from its
+    /// `x-pushpace-sent-at` header, wall clock, µs): pacing measured without the
+    /// transport's jitter.
+    pub released: Option<Duration>,
     /// Wall-clock time of arrival (the sink's start time plus `at`).
     pub wall: SystemTime,
     /// The status answered, or `None` when the connection was dropped or the client
@@ -145,7 +168,7 @@ pub struct SecondCount {
 }
 
 /// What the sink saw of one campaign.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct CampaignSummary {
     pub campaign_id: String,
     /// Every push that arrived, whatever the answer.
@@ -318,6 +341,12 @@ impl SinkHandle {
             .map_or(0, |c| max_in_window(&c.arrivals, window.as_nanos() as u64))
     }
 
+    /// Time since the sink started: the scale of [`Arrival::at`] and
+    /// [`Arrival::released`].
+    pub fn elapsed(&self) -> Duration {
+        self.shared.started.elapsed()
+    }
+
     /// Every push received, in arrival order.
     pub fn arrivals(&self) -> Vec<Arrival> {
         let log = self.shared.log();
@@ -329,6 +358,7 @@ impl SinkHandle {
                 device_token: r.token.to_string(),
                 idempotency_key: r.key.as_deref().map(str::to_string),
                 at: Duration::from_nanos(r.at_ns),
+                released: r.released_ns.map(Duration::from_nanos),
                 wall: self.shared.started_wall + Duration::from_nanos(r.at_ns),
                 status: r.status,
                 body: r.body.clone(),
@@ -414,6 +444,8 @@ struct Control {
     behaviour: Behaviour,
     remaining: Option<u64>,
     gone_prefix: Option<Arc<str>>,
+    /// The token bucket of `Quota` and `SlowAbove`.
+    bucket: Option<bucket::Bucket>,
 }
 
 #[derive(Default)]
@@ -430,6 +462,8 @@ struct Record {
     token: Box<str>,
     key: Option<Box<str>>,
     at_ns: u64,
+    /// When the worker released it, from its `x-pushpace-sent-at` header.
+    released_ns: Option<u64>,
     status: Option<u16>,
     body: Option<Bytes>,
 }
@@ -470,6 +504,12 @@ impl CampaignLog {
     }
 }
 
+/// What the headers of a push said.
+struct Meta {
+    key: Option<Box<str>>,
+    sent_at_us: Option<u64>,
+}
+
 /// What to do with one push, decided from the behaviour when it arrives.
 enum Action {
     Answer {
@@ -478,6 +518,20 @@ enum Action {
     },
     Slow(Duration),
     Reset,
+}
+
+impl Control {
+    /// One token of the quota's bucket (a new bucket when the quota changed).
+    fn take_token(&mut self, per_second: u64, burst: u64) -> bool {
+        if !self
+            .bucket
+            .as_ref()
+            .is_some_and(|b| b.is_for(per_second, burst))
+        {
+            self.bucket = Some(bucket::Bucket::new(per_second, burst));
+        }
+        self.bucket.as_mut().is_some_and(|b| b.take(Instant::now()))
+    }
 }
 
 impl Shared {
@@ -493,6 +547,7 @@ impl Shared {
             control: Mutex::new(Control {
                 behaviour: config.behaviour.clone(),
                 remaining: None,
+                bucket: None,
                 gone_prefix: config
                     .gone_prefix
                     .as_deref()
@@ -537,19 +592,45 @@ impl Shared {
                 }
             }
         }
+        let normal = |control: &Control| {
+            let gone = control
+                .gone_prefix
+                .as_deref()
+                .is_some_and(|p| token.starts_with(p));
+            Action::Answer {
+                status: if gone {
+                    StatusCode::GONE
+                } else {
+                    StatusCode::OK
+                },
+                retry_after: None,
+            }
+        };
         match behaviour {
-            Behaviour::Normal => {
-                let gone = control
-                    .gone_prefix
-                    .as_deref()
-                    .is_some_and(|p| token.starts_with(p));
-                Action::Answer {
-                    status: if gone {
-                        StatusCode::GONE
-                    } else {
-                        StatusCode::OK
-                    },
-                    retry_after: None,
+            Behaviour::Normal => normal(&control),
+            Behaviour::Quota {
+                per_second,
+                burst,
+                retry_after,
+            } => {
+                if control.take_token(per_second, burst) {
+                    normal(&control)
+                } else {
+                    Action::Answer {
+                        status: StatusCode::TOO_MANY_REQUESTS,
+                        retry_after,
+                    }
+                }
+            }
+            Behaviour::SlowAbove {
+                per_second,
+                burst,
+                delay_ms,
+            } => {
+                if control.take_token(per_second, burst) {
+                    normal(&control)
+                } else {
+                    Action::Slow(Duration::from_millis(delay_ms))
                 }
             }
             Behaviour::TooManyRequests { retry_after } => Action::Answer {
@@ -569,10 +650,13 @@ impl Shared {
     fn record(
         &self,
         push: &PushBody<'_>,
-        key: Option<Box<str>>,
+        meta: Meta,
         body: Option<Bytes>,
         status: Option<u16>,
     ) -> usize {
+        let Meta { key, sent_at_us } = meta;
+        let started_ns = self.started_unix.as_nanos() as u64;
+        let released_ns = sent_at_us.map(|us| us.saturating_mul(1000).saturating_sub(started_ns));
         let mut guard = self.log();
         let log = &mut *guard;
         let at_ns = self.started.elapsed().as_nanos() as u64;
@@ -610,6 +694,7 @@ impl Shared {
             token: Box::from(push.device_token.as_ref()),
             key,
             at_ns,
+            released_ns,
             status,
             body,
         };
@@ -764,11 +849,11 @@ async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Status
 }
 
 async fn push(shared: Arc<Shared>, req: Request<Incoming>) -> Result<SinkResponse, DropConnection> {
-    let key = req
-        .headers()
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(Box::<str>::from);
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let key = Meta {
+        key: header("idempotency-key").map(Box::<str>::from),
+        sent_at_us: header(crate::sender::SENT_AT).and_then(|v| v.parse().ok()),
+    };
     let body = match read_body(req, shared.max_body_bytes).await {
         Ok(b) => b,
         Err(status) => {
@@ -872,89 +957,4 @@ mod tests {
         assert_eq!(max_in_window(&[0, s, 2 * s], s), 1);
         assert_eq!(max_in_window(&[0, 1, s - 1, s, s + 1], s), 3);
     }
-}
-
-/// What the counting sink saw.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CountingSummary {
-    pub requests: u64,
-    pub bytes: u64,
-    pub connections: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    requests: AtomicU64,
-    bytes: AtomicU64,
-    connections: AtomicU64,
-}
-
-/// A sink for throughput benchmarks (`pushpace sink --count-only`): it reads each push,
-/// counts it and answers 200, recording nothing else, so that the sink is not what limits
-/// the measurement. `GET /_sink/stats` returns the [`CountingSummary`].
-pub async fn serve_counting_until(
-    bind: SocketAddr,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<CountingSummary, SinkError> {
-    let listener = TcpListener::bind(bind)
-        .await
-        .map_err(|source| SinkError::Bind { addr: bind, source })?;
-    tracing::info!(addr = %listener.local_addr()?, "counting sink listening");
-    let counters = Arc::new(Counters::default());
-    let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    counters.connections.fetch_add(1, Ordering::Relaxed);
-                    let _ = stream.set_nodelay(true);
-                    let c = Arc::clone(&counters);
-                    let service = hyper::service::service_fn(move |req| count(Arc::clone(&c), req));
-                    connections.spawn(async move {
-                        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "sink accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
-    }
-    connections.abort_all();
-    Ok(counters.summary())
-}
-
-impl Counters {
-    fn summary(&self) -> CountingSummary {
-        CountingSummary {
-            requests: self.requests.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            connections: self.connections.load(Ordering::Relaxed),
-        }
-    }
-}
-
-async fn count(
-    counters: Arc<Counters>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, hyper::Error> {
-    if req.method() == Method::GET && req.uri().path() == "/_sink/stats" {
-        let body = serde_json::to_vec(&counters.summary()).unwrap_or_default();
-        let mut resp = Response::new(Full::new(Bytes::from(body)));
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        return Ok(resp);
-    }
-    let body = req.into_body().collect().await?.to_bytes();
-    counters.requests.fetch_add(1, Ordering::Relaxed);
-    counters
-        .bytes
-        .fetch_add(body.len() as u64, Ordering::Relaxed);
-    Ok(Response::new(Full::new(Bytes::new())))
 }

@@ -1,0 +1,338 @@
+//! The adaptive ceiling of one provider: the rate all campaigns on it may send together,
+//! lowered when the provider says it is overloaded and raised again while it is not.
+//!
+//! Pure and clock-free: the scheduler feeds it each answer ([`Ceiling::answer`]) and the
+//! time ([`Ceiling::tick`]); it judges each whole second. The law (docs/ADAPTIVE.md):
+//! - **Decrease.** A second with a congestion signal sets the ceiling to
+//!   `β × min(ceiling, accepted)`, where `accepted` is what the provider took in that
+//!   second: under a hidden quota that is the quota, so one cut lands just below it
+//!   however far above it the campaigns were asking. Never below the floor.
+//! - **Increase.** A clear second moves the ceiling half way back to the rate of the last
+//!   congestion (`W`), by at least `α × W`; at `W` it probes upward by `α × W`, doubling
+//!   each clear second, so a lifted quota is found in a few seconds. Once the ceiling
+//!   reaches the campaigns' summed send_rate it is inactive and costs nothing.
+//! - **Retry-After.** The lane pauses until then (and that second counts as congested).
+
+use crate::limiter::{Nanos, NANOS_PER_SEC};
+use std::time::Duration;
+
+/// What made a second congested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Signal {
+    /// 429, FCM `QUOTA_EXCEEDED`.
+    Throttled = 0,
+    /// 503 and other 5xx, FCM `UNAVAILABLE`.
+    Unavailable = 1,
+    /// No answer in time.
+    Timeout = 2,
+    /// The connection failed or was lost.
+    Connection = 3,
+    /// The second's p95 latency passed the target.
+    Latency = 4,
+    /// The provider asked for a pause (`Retry-After`).
+    RetryAfter = 5,
+}
+
+/// The number of [`Signal`]s.
+pub const SIGNALS: usize = 6;
+
+impl Signal {
+    pub const ALL: [Signal; SIGNALS] = [
+        Signal::Throttled,
+        Signal::Unavailable,
+        Signal::Timeout,
+        Signal::Connection,
+        Signal::Latency,
+        Signal::RetryAfter,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::Throttled => "throttled",
+            Signal::Unavailable => "unavailable",
+            Signal::Timeout => "timeout",
+            Signal::Connection => "connection",
+            Signal::Latency => "latency",
+            Signal::RetryAfter => "retry_after",
+        }
+    }
+}
+
+/// The law's constants (`providers.<name>.adaptive_*`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CeilingParams {
+    /// Multiplicative decrease β, in (0, 1).
+    pub beta: f64,
+    /// Increase step α, as a fraction of the last congestion rate, in (0, 1].
+    pub alpha: f64,
+    /// The ceiling never goes below this (sends/s).
+    pub floor: f64,
+    /// p95 latency above this is a congestion signal (`None`: latency is not watched).
+    pub latency_target: Option<Duration>,
+}
+
+impl Default for CeilingParams {
+    /// β 0.9: the steady state saws between 90% and 100% of a hidden quota, so the
+    /// mean goodput stays above 90% of it. α 1%: near the last congestion rate the
+    /// probe overshoots by about 1% for one second, which bounds the steady 429s to a
+    /// fraction of a percent; doubling reaches 2.5× a quota in 8 clear seconds. Floor 10/s:
+    /// a throttled provider still gets probes, at most 10 refusals a second.
+    fn default() -> Self {
+        Self {
+            beta: 0.9,
+            alpha: 0.01,
+            floor: 10.0,
+            latency_target: None,
+        }
+    }
+}
+
+/// Where the ceiling stands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CeilingState {
+    /// Inactive: campaigns send at their own rates.
+    Clear,
+    /// Active at this rate (sends/s).
+    BackingOff(f64),
+    /// Nothing is sent until this instant (then the ceiling applies).
+    Paused { until: Nanos, ceiling: f64 },
+}
+
+/// Latency buckets, log-linear in microseconds: 8 per power of two, so a p95 is read to
+/// within 12.5%; 27 powers of two reach about 2 minutes. One add per answer.
+const SUB_BUCKETS: u64 = 8;
+const LATENCY_BUCKETS: usize = 8 + 24 * SUB_BUCKETS as usize;
+/// Fewer answers than this in a second are not judged for latency (a p95 of 3 answers
+/// is one slow answer).
+const MIN_LATENCY_SAMPLES: u32 = 20;
+
+/// One provider's ceiling.
+#[derive(Debug, Clone)]
+pub struct Ceiling {
+    params: CeilingParams,
+    /// `None`: inactive.
+    ceiling: Option<f64>,
+    /// The ceiling (or accepted rate) at the last congestion: `W`.
+    last_congestion: f64,
+    /// Clear seconds spent probing above `W`.
+    probes: u32,
+    paused_until: Nanos,
+    /// The second being counted (index since the clock's start).
+    second: u64,
+    signals: [u32; SIGNALS],
+    accepted: u32,
+    latency: [u32; LATENCY_BUCKETS],
+    answers: u32,
+    /// The first answer of the second: counts are turned into rates over the part of
+    /// the second that had traffic (a worker that starts or resumes mid-second).
+    first_answer: Nanos,
+    /// Totals per signal, for the metric.
+    totals: [u64; SIGNALS],
+}
+
+/// What [`Ceiling::tick`] decided about the second that ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Judged {
+    /// The ceiling changed (the caller re-shares the campaigns' rates).
+    pub changed: bool,
+    /// The signals of the second, each counted once.
+    pub signals: [bool; SIGNALS],
+    /// Its p95 latency, when it had enough answers.
+    pub p95: Option<Duration>,
+    /// Answers without a congestion signal in it.
+    pub accepted: u32,
+}
+
+impl Ceiling {
+    pub fn new(params: CeilingParams) -> Self {
+        Self {
+            params,
+            ceiling: None,
+            last_congestion: 0.0,
+            probes: 0,
+            paused_until: 0,
+            second: 0,
+            signals: [0; SIGNALS],
+            accepted: 0,
+            latency: [0; LATENCY_BUCKETS],
+            answers: 0,
+            first_answer: 0,
+            totals: [0; SIGNALS],
+        }
+    }
+
+    pub fn params(&self) -> &CeilingParams {
+        &self.params
+    }
+
+    /// The ceiling in sends/s, when active.
+    pub fn limit(&self) -> Option<f64> {
+        self.ceiling
+    }
+
+    pub fn state(&self, now: Nanos) -> CeilingState {
+        match self.ceiling {
+            _ if now < self.paused_until => CeilingState::Paused {
+                until: self.paused_until,
+                ceiling: self.ceiling.unwrap_or(f64::INFINITY),
+            },
+            Some(c) => CeilingState::BackingOff(c),
+            None => CeilingState::Clear,
+        }
+    }
+
+    /// Nothing may be sent before this instant (0: no pause).
+    pub fn paused_until(&self) -> Nanos {
+        self.paused_until
+    }
+
+    /// Signals seen since start, by [`Signal`] index.
+    pub fn totals(&self) -> [u64; SIGNALS] {
+        self.totals
+    }
+
+    /// One answer at `now`: its congestion signal, if any, and how long it took.
+    pub fn answer(&mut self, signal: Option<Signal>, latency_ns: u64, now: Nanos) {
+        if self.answers == 0 {
+            self.first_answer = now;
+        }
+        self.answers += 1;
+        match signal {
+            Some(s) => self.signals[s as usize] += 1,
+            None => self.accepted += 1,
+        }
+        self.latency[bucket(latency_ns / 1000).min(LATENCY_BUCKETS - 1)] += 1;
+    }
+
+    /// The provider asked for a pause: nothing is sent before `until`.
+    pub fn pause(&mut self, until: Nanos) {
+        self.signals[Signal::RetryAfter as usize] += 1;
+        self.paused_until = self.paused_until.max(until);
+    }
+
+    /// Judges the seconds that ended before `now`. `demand` is the summed send_rate of
+    /// the campaigns on the provider, `sent` what was dispatched to it in the second that
+    /// ended. Returns `None` while the same second goes on.
+    pub fn tick(&mut self, now: Nanos, demand: f64, sent: f64) -> Option<Judged> {
+        let second = now / NANOS_PER_SEC;
+        if second == self.second {
+            return None;
+        }
+        let idle = second > self.second + 1;
+        let end = (self.second + 1) * NANOS_PER_SEC;
+        self.second = second;
+        let p95 = self.p95();
+        let mut signals = [false; SIGNALS];
+        for (i, n) in self.signals.iter().enumerate() {
+            signals[i] = *n > 0;
+            self.totals[i] += u64::from(*n > 0);
+        }
+        let slow = matches!((p95, self.params.latency_target), (Some(p), Some(t)) if p > t);
+        if slow {
+            signals[Signal::Latency as usize] = true;
+            self.totals[Signal::Latency as usize] += 1;
+        }
+        let before = self.ceiling;
+        let accepted = self.accepted;
+        if signals.iter().any(|s| *s) {
+            let paused = signals[Signal::RetryAfter as usize];
+            self.decrease(sent, demand, paused, end);
+        } else if now >= self.paused_until && !idle {
+            self.increase(demand);
+        }
+        self.signals = [0; SIGNALS];
+        self.accepted = 0;
+        self.latency = [0; LATENCY_BUCKETS];
+        self.answers = 0;
+        Some(Judged {
+            changed: before != self.ceiling,
+            signals,
+            p95,
+            accepted,
+        })
+    }
+
+    /// `sent` is the count dispatched in the second that ended at `end`.
+    fn decrease(&mut self, sent: f64, demand: f64, paused: bool, end: Nanos) {
+        // Rates over the part of the second that had answers (at least 50 ms, so that a
+        // few early answers are not taken for a rate).
+        let span = if self.answers == 0 {
+            1.0
+        } else {
+            (end.saturating_sub(self.first_answer) as f64 / NANOS_PER_SEC as f64).clamp(0.05, 1.0)
+        };
+        // A pause cut the second short: what was sent and taken in it says nothing.
+        let current = match self.ceiling {
+            Some(c) => c,
+            None if paused => demand,
+            None => sent / span,
+        };
+        let base = if self.answers == 0 || paused {
+            current
+        } else {
+            current.min(f64::from(self.accepted) / span)
+        };
+        self.last_congestion = base.max(self.params.floor);
+        self.ceiling = Some((base * self.params.beta).max(self.params.floor));
+        self.probes = 0;
+    }
+
+    fn increase(&mut self, demand: f64) {
+        let Some(c) = self.ceiling else { return };
+        let w = self.last_congestion;
+        let step = (self.params.alpha * w).max(1.0);
+        let next = if c + step < w {
+            c + ((w - c) / 2.0).max(step)
+        } else {
+            let probe = step * f64::from(1u32 << self.probes.min(20));
+            self.probes += 1;
+            c.max(w) + probe
+        };
+        self.ceiling = (next < demand).then_some(next);
+        if self.ceiling.is_none() {
+            self.probes = 0;
+        }
+    }
+
+    /// The 95th percentile of the second's latencies (a bucket's upper bound).
+    fn p95(&self) -> Option<Duration> {
+        if self.answers < MIN_LATENCY_SAMPLES {
+            return None;
+        }
+        let rank = (u64::from(self.answers) * 95).div_ceil(100);
+        let mut seen = 0u64;
+        for (i, n) in self.latency.iter().enumerate() {
+            seen += u64::from(*n);
+            if seen >= rank {
+                return Some(Duration::from_micros(upper_us(i)));
+            }
+        }
+        None
+    }
+}
+
+/// The bucket of a latency in µs: exact below 8 µs, then 8 per power of two.
+fn bucket(us: u64) -> usize {
+    if us < SUB_BUCKETS {
+        return us as usize;
+    }
+    let exp = u64::from(u64::BITS - 1 - us.leading_zeros());
+    let sub = (us >> (exp - 3)) & (SUB_BUCKETS - 1);
+    ((exp - 2) * SUB_BUCKETS + sub) as usize
+}
+
+/// The largest latency (µs) bucket `i` holds.
+fn upper_us(i: usize) -> u64 {
+    let i = i as u64;
+    if i < SUB_BUCKETS {
+        return i;
+    }
+    let exp = i / SUB_BUCKETS + 2;
+    let sub = i % SUB_BUCKETS;
+    ((SUB_BUCKETS + sub + 1) << (exp - 3)) - 1
+}
+
+#[cfg(test)]
+#[path = "ceiling_tests.rs"]
+mod tests;
