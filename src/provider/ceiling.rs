@@ -11,6 +11,9 @@
 //!   congestion (`W`), by at least `α × W`; at `W` it probes upward by `α × W`, doubling
 //!   each clear second, so a lifted quota is found in a few seconds. Once the ceiling
 //!   reaches the campaigns' summed send_rate it is inactive and costs nothing.
+//! - **One cut per round.** Congestion in the second right after a cut holds the
+//!   ceiling instead of cutting again: that second still carries what was sent before
+//!   the cut.
 //! - **Retry-After.** The lane pauses until then (and that second counts as congested).
 
 use crate::limiter::{Nanos, NANOS_PER_SEC};
@@ -117,6 +120,8 @@ pub struct Ceiling {
     last_congestion: f64,
     /// Clear seconds spent probing above `W`.
     probes: u32,
+    /// The second whose congestion last cut the ceiling.
+    last_cut: Option<u64>,
     paused_until: Nanos,
     /// The second being counted (index since the clock's start).
     second: u64,
@@ -151,6 +156,7 @@ impl Ceiling {
             ceiling: None,
             last_congestion: 0.0,
             probes: 0,
+            last_cut: None,
             paused_until: 0,
             second: 0,
             signals: [0; SIGNALS],
@@ -220,7 +226,8 @@ impl Ceiling {
             return None;
         }
         let idle = second > self.second + 1;
-        let end = (self.second + 1) * NANOS_PER_SEC;
+        let judged = self.second;
+        let end = (judged + 1) * NANOS_PER_SEC;
         self.second = second;
         let p95 = self.p95();
         let mut signals = [false; SIGNALS];
@@ -236,8 +243,13 @@ impl Ceiling {
         let before = self.ceiling;
         let accepted = self.accepted;
         if signals.iter().any(|s| *s) {
-            let paused = signals[Signal::RetryAfter as usize];
-            self.decrease(sent, demand, paused, end);
+            // One cut per round: the second after a cut still carries what was sent
+            // before it (answers in flight, a quota's emptied bucket), so it holds.
+            if self.last_cut.map(|s| s + 1) != Some(judged) {
+                let paused = signals[Signal::RetryAfter as usize];
+                self.decrease(sent, demand, paused, end);
+                self.last_cut = Some(judged);
+            }
         } else if now >= self.paused_until && !idle {
             self.increase(demand);
         }

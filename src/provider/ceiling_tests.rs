@@ -94,6 +94,19 @@ fn a_pause_cuts_from_the_demand_not_the_truncated_second() {
     assert_eq!(c.limit(), Some(900.0));
 }
 
+/// A stray refusal in the second after a cut (the quota's bucket still empty) does not
+/// cut twice; congestion a second later does.
+#[test]
+fn one_cut_per_round() {
+    let mut c = Ceiling::new(CeilingParams::default());
+    second(&mut c, 0, 5_000.0, 2_000.0);
+    assert_eq!(c.limit(), Some(1_800.0));
+    second(&mut c, 1, 5_000.0, 1_700.0);
+    assert_eq!(c.limit(), Some(1_800.0), "held");
+    second(&mut c, 2, 5_000.0, 1_700.0);
+    assert_eq!(c.limit(), Some(1_530.0), "cut again a round later");
+}
+
 #[test]
 fn never_goes_below_the_floor() {
     let mut c = Ceiling::new(CeilingParams::default());
@@ -109,10 +122,10 @@ fn a_pause_holds_the_ceiling_until_it_ends() {
     second(&mut c, 0, 5_000.0, 2_000.0);
     c.pause(5 * S);
     assert!(matches!(c.state(S), CeilingState::Paused { until, .. } if until == 5 * S));
-    // The pause's own second is congested: one more cut.
+    // The pause's second is congested, but it is the one right after a cut: it holds.
     c.tick(2 * S, 5_000.0, 0.0);
     let held = c.limit();
-    assert_eq!(held, Some(1_620.0));
+    assert_eq!(held, Some(1_800.0));
     for t in 3..5 {
         c.tick(t * S, 5_000.0, 0.0);
         assert_eq!(c.limit(), held, "t={t}");

@@ -1,5 +1,6 @@
 //! pushpace's integration tests: one crate, one binary, against the real services.
 
+mod adaptive;
 mod api;
 mod apns;
 mod bad_input;

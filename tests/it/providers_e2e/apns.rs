@@ -159,6 +159,11 @@ async fn a_device_429_delays_only_that_device() {
         mock.controls().answers("TooManyRequests"),
         u64::from(TOO_MANY)
     );
+    // A device's 429 is not the provider's: the adaptive ceiling never moved.
+    let lane = env.lane();
+    assert!(lane.adaptive, "{lane:?}");
+    assert_eq!((lane.state, lane.ceiling), ("clear", None), "{lane:?}");
+    assert!(lane.congestion.values().all(|n| *n == 0), "{lane:?}");
     wait_until("the counts flushed", DB_WRITE, || async {
         env.counts(&c1).await.sent == all.len() as i64
     })

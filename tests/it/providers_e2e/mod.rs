@@ -54,7 +54,8 @@ impl Env {
             kind,
             max_rate: None,
             max_in_flight: None,
-            adaptive: None,
+            // As `pushpace run` builds them: the adaptive ceiling on.
+            adaptive: Some(pushpace::provider::ceiling::CeilingParams::default()),
             sender: AnySender::Provider(Arc::new(sender)),
         };
         let providers = Providers::new(vec![provider], name).expect("providers");
@@ -67,6 +68,12 @@ impl Env {
             group,
             worker: Some(worker),
         }
+    }
+
+    /// The provider's lane (adaptive ceiling) as the worker reports it.
+    pub fn lane(&self) -> pushpace::worker::scheduler::ProviderLive {
+        let w = self.worker.as_ref().expect("running");
+        w.scheduler_stats.borrow().providers[0].clone()
     }
 
     /// Produces one job (`devices` as JSON values: strings or subscription objects).

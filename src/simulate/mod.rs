@@ -14,6 +14,8 @@
 //! smallest bucket, the instant of the last send and the standard deviation of the
 //! buckets; as a table, as JSON, and optionally as an SVG chart.
 
+pub mod ceiling;
+
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -53,6 +55,11 @@ pub struct SimulateArgs {
     /// Also draw the sends per 100 ms to this SVG file.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
+    /// Simulate the adaptive provider ceiling against a hidden quota instead (the
+    /// convergence test's scenario, with the ceiling and without); the other options
+    /// but --format and --svg do not apply.
+    #[arg(long)]
+    pub ceiling: bool,
 }
 
 impl Default for SimulateArgs {
@@ -65,6 +72,7 @@ impl Default for SimulateArgs {
             burst: 0,
             format: Format::Table,
             svg: None,
+            ceiling: false,
         }
     }
 }
@@ -330,6 +338,9 @@ pub fn simulate(
 
 /// `pushpace simulate`: runs, writes the SVG if asked, and returns the text to print.
 pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
+    if args.ceiling {
+        return run_ceiling(args);
+    }
     let rate = Rate::per_second(args.rate)?;
     if args.items > MAX_ITEMS {
         return Err(SimulateError::TooManyItems(args.items));
@@ -353,6 +364,25 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             Ok(out)
         }
         Format::Table => Ok(table(&report, &args.stalls)),
+    }
+}
+
+fn run_ceiling(args: &SimulateArgs) -> Result<String, SimulateError> {
+    let runs = [
+        ceiling::run(Some(crate::config::providers::default_adaptive())),
+        ceiling::run(None),
+    ];
+    if let Some(path) = &args.svg {
+        std::fs::write(path, ceiling::render_svg(&runs)?)
+            .map_err(|e| SimulateError::Svg(format!("{}: {e}", path.display())))?;
+    }
+    match args.format {
+        Format::Json => {
+            let mut out = serde_json::to_string(&runs)?;
+            out.push('\n');
+            Ok(out)
+        }
+        Format::Table => Ok(ceiling::table(&runs)),
     }
 }
 

@@ -1,0 +1,366 @@
+//! The adaptive provider ceiling through the real worker, tansu and PostgreSQL, against a
+//! loopback sink with a quota the worker does not know (`Behaviour::Quota`) or that
+//! answers late above a rate (`Behaviour::SlowAbove`).
+//!
+//! Rates are counted on the instants the worker released each push (its
+//! `x-pushpace-sent-at` header, kept by the sink as `Arrival::released`), so that what
+//! is measured is pushpace's pacing, not the loopback's jitter.
+
+use crate::helpers::{
+    brokers, fresh_database, fresh_topic, pacing_lock, test_settings, unique_name, wait_for,
+};
+use pushpace::limiter::Algorithm;
+use pushpace::produce::ProducePlan;
+use pushpace::provider::ceiling::CeilingParams;
+use pushpace::provider::{Provider, ProviderKind, Providers};
+use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
+use pushpace::sink::{Arrival, Behaviour, RetryAfter, Sink, SinkConfig, SinkHandle};
+use pushpace::worker::scheduler::{CampaignLive, ProviderLive};
+use pushpace::worker::Worker;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a worker may take to join its group and start sending (tansu's group join).
+const GROUP_JOIN_LIMIT: Duration = Duration::from_secs(60);
+
+struct Run {
+    sink: SinkHandle,
+    worker: Option<Worker>,
+    plan: ProducePlan,
+}
+
+async fn start(campaigns: &[(f64, usize)], behaviour: Behaviour, params: CeilingParams) -> Run {
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(8).await;
+    let sink = Sink::start(SinkConfig {
+        behaviour,
+        ..SinkConfig::default()
+    })
+    .await
+    .unwrap();
+    let plan =
+        ProducePlan::with_rates(&unique_name("ad"), campaigns, 500, Some(Algorithm::Gcra)).unwrap();
+    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+        .await
+        .expect("produce");
+    let settings = test_settings(&[
+        ("kafka.brokers", brokers()),
+        ("kafka.topic", topic),
+        ("kafka.group_id", unique_name("g")),
+        ("database.url", db_url),
+        ("sender.url", sink.url()),
+        ("sender.retry_base_ms", "50".into()),
+        ("worker.stats_flush_ms", "200".into()),
+    ]);
+    let provider = Provider {
+        name: Arc::from("sink"),
+        kind: ProviderKind::Webhook,
+        max_rate: None,
+        max_in_flight: None,
+        adaptive: Some(params),
+        sender: AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap()),
+    };
+    let providers = Providers::new(vec![provider], "sink").unwrap();
+    let worker = Worker::start(&settings, pool, brokers(), providers)
+        .await
+        .expect("start worker");
+    Run {
+        sink,
+        worker: Some(worker),
+        plan,
+    }
+}
+
+impl Run {
+    fn lane(&self) -> ProviderLive {
+        let w = self.worker.as_ref().expect("running");
+        w.scheduler_stats.borrow().providers[0].clone()
+    }
+
+    fn live(&self) -> Arc<Vec<CampaignLive>> {
+        let w = self.worker.as_ref().expect("running");
+        w.scheduler_stats.borrow().campaigns.clone()
+    }
+
+    async fn sending(&self) {
+        wait_for("every campaign sending", GROUP_JOIN_LIMIT, || {
+            self.plan
+                .campaigns
+                .iter()
+                .all(|c| self.sink.campaign(&c.id).is_some_and(|s| s.delivered >= 10))
+        })
+        .await;
+    }
+
+    async fn stop(&mut self) {
+        if let Some(w) = self.worker.take() {
+            w.shutdown().await.expect("graceful shutdown");
+        }
+    }
+}
+
+/// Pushes of `campaign` (all of them with `None`) released in [from, to).
+fn released_in<'a>(
+    arrivals: &'a [Arrival],
+    campaign: Option<&str>,
+    from: Duration,
+    to: Duration,
+) -> Vec<&'a Arrival> {
+    arrivals
+        .iter()
+        .filter(|a| campaign.is_none_or(|c| *a.campaign_id == *c))
+        .filter(|a| a.released.is_some_and(|r| r >= from && r < to))
+        .collect()
+}
+
+/// Samples the worker every 100 ms while `until` runs: no campaign's effective rate is
+/// ever above its send_rate (the ceiling only ever lowers rates).
+async fn never_raised(run: &Run, for_how_long: Duration) {
+    let end = Instant::now() + for_how_long;
+    while Instant::now() < end {
+        for c in run.live().iter() {
+            assert!(
+                c.effective_rate <= c.rate,
+                "{}: effective {} > send_rate {}",
+                c.id,
+                c.effective_rate,
+                c.rate
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// 5 campaigns asking 5,000/s together against a hidden 2,000/s: within 10 s the worker
+/// delivers 1,800–2,000/s, at most 2% of requests are refused in the steady state, the
+/// shares stay max-min fair within ±5%, and nothing is lost. Then the quota lifts to
+/// 10,000/s and every campaign is back at its send_rate within 30 s, never above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_adaptive_ceiling_converges_below_a_hidden_quota_and_recovers() {
+    let _serial = pacing_lock().await;
+    // One small campaign, taken in full under max-min; the others share the rest.
+    let rates = [200.0, 700.0, 1_000.0, 1_300.0, 1_800.0];
+    // Each runs about 45 s: the big ones at their ~425/s share for ~32 s, then at rate.
+    let campaigns: Vec<(f64, usize)> = rates
+        .iter()
+        .map(|&r| {
+            (
+                r,
+                if r <= 200.0 {
+                    r * 45.0
+                } else {
+                    425.0 * 32.0 + r * 8.0
+                } as usize,
+            )
+        })
+        .collect();
+    let quota = Behaviour::Quota {
+        per_second: 2_000,
+        burst: 100,
+        retry_after: None,
+    };
+    let mut run = start(&campaigns, quota, CeilingParams::default()).await;
+    run.sending().await;
+    let t0 = run.sink.elapsed();
+    never_raised(&run, Duration::from_secs(20)).await;
+
+    // Seconds 10 to 20 after sending began: converged.
+    let arrivals = run.sink.arrivals();
+    let (from, to) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(20));
+    let window = released_in(&arrivals, None, from, to);
+    let delivered = window.iter().filter(|a| a.status == Some(200)).count() as f64 / 10.0;
+    let refused = window.iter().filter(|a| a.status == Some(429)).count() as f64;
+    assert!(
+        (1_800.0..=2_000.0 + 100.0 / 10.0).contains(&delivered),
+        "delivered {delivered}/s"
+    );
+    let fraction = refused / window.len() as f64;
+    assert!(
+        fraction <= 0.02,
+        "{fraction:.4} of requests refused in the steady state"
+    );
+    let total = window.len() as f64 / 10.0;
+    let fair_big = (total - 200.0) / 4.0;
+    for (c, &rate) in run.plan.campaigns.iter().zip(&rates) {
+        let got = released_in(&arrivals, Some(&c.id), from, to).len() as f64 / 10.0;
+        let want = if rate <= fair_big { rate } else { fair_big };
+        assert!(
+            (got - want).abs() <= want * 0.05,
+            "{}: {got}/s, its max-min share is {want}/s",
+            c.id
+        );
+    }
+    let lane = run.lane();
+    assert_eq!(lane.state, "backing off", "{lane:?}");
+    assert!(lane.congestion["throttled"] > 0, "{lane:?}");
+
+    // The quota lifts.
+    run.sink.set_behaviour(Behaviour::Quota {
+        per_second: 10_000,
+        burst: 1_000,
+        retry_after: None,
+    });
+    let lifted = run.sink.elapsed();
+    let back = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let now = run.sink.elapsed();
+            let arrivals = run.sink.arrivals();
+            let all_back = run.plan.campaigns.iter().zip(&rates).all(|(c, &rate)| {
+                let last = released_in(
+                    &arrivals,
+                    Some(&c.id),
+                    now - Duration::from_secs(2),
+                    now - Duration::from_secs(1),
+                );
+                last.len() as f64 >= rate * 0.97
+            });
+            if all_back {
+                return now - lifted;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("every campaign back at its send_rate within 30 s");
+    eprintln!("back at the send_rates {back:?} after the quota lifted");
+    assert_eq!(run.lane().ceiling, None, "the ceiling is inactive again");
+
+    wait_for("every device delivered", Duration::from_secs(120), || {
+        run.sink.summary().distinct_delivered == run.plan.total_devices() as u64
+    })
+    .await;
+    run.stop().await;
+    // No campaign's release rate exceeded its send_rate + 1% in any 1 s window.
+    let arrivals = run.sink.arrivals();
+    for (c, &rate) in run.plan.campaigns.iter().zip(&rates) {
+        let mut times: Vec<Duration> = arrivals
+            .iter()
+            .filter(|a| *a.campaign_id == *c.id)
+            .filter_map(|a| a.released)
+            .collect();
+        times.sort();
+        let max = max_in_window(&times, Duration::from_secs(1));
+        assert!(
+            max as f64 <= rate * 1.01 + 1.0,
+            "{}: {max} released in one second at {rate}/s",
+            c.id
+        );
+    }
+}
+
+fn max_in_window(sorted: &[Duration], window: Duration) -> usize {
+    let mut best = 0;
+    let mut start = 0;
+    for end in 0..sorted.len() {
+        while sorted[end] - sorted[start] >= window {
+            start += 1;
+        }
+        best = best.max(end - start + 1);
+    }
+    best
+}
+
+/// Releases after the refused push's arrival that may still precede the worker reading
+/// its answer: the answer's trip back over loopback and the scheduler's next pass over
+/// completions (a few ms; 50 ms leaves room for a loaded CI machine).
+const ANSWER_SLACK: Duration = Duration::from_millis(50);
+
+/// A 429 with `Retry-After: 2` pauses the whole lane: nothing is released for 2 s after
+/// the answer (in-flight sends finish), then sending resumes at the ceiling without a
+/// burst: no 100 ms bucket above C/10 × 1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_retry_after_pauses_the_lane_then_resumes_without_a_burst() {
+    let _serial = pacing_lock().await;
+    let mut run = start(
+        &[(400.0, 400 * 12), (600.0, 600 * 12)],
+        Behaviour::Normal,
+        CeilingParams::default(),
+    )
+    .await;
+    run.sending().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    run.sink.set_behaviour_for(
+        Behaviour::TooManyRequests {
+            retry_after: Some(RetryAfter::Seconds(2)),
+        },
+        1,
+    );
+    wait_for("a 429", Duration::from_secs(5), || {
+        run.sink.arrivals().iter().any(|a| a.status == Some(429))
+    })
+    .await;
+    wait_for("the lane paused", Duration::from_secs(1), || {
+        run.lane().state == "paused"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let lane = run.lane();
+    let arrivals = run.sink.arrivals();
+    run.stop().await;
+
+    let refused = arrivals.iter().find(|a| a.status == Some(429)).unwrap().at;
+    let pause_end = refused + Duration::from_secs(2);
+    let during = released_in(&arrivals, None, refused + ANSWER_SLACK, pause_end);
+    assert!(
+        during.is_empty(),
+        "{} pushes released during the pause",
+        during.len()
+    );
+    let resumed = arrivals
+        .iter()
+        .filter_map(|a| a.released)
+        .filter(|&r| r >= pause_end)
+        .min()
+        .expect("sending resumed");
+    // Inactive before: the cut is from the summed send_rate, 1,000/s, and the ceiling
+    // does not rise while paused.
+    let ceiling = 1_000.0 * CeilingParams::default().beta;
+    assert!(lane.congestion["retry_after"] >= 1, "{lane:?}");
+    for k in 0..10u32 {
+        let from = resumed + Duration::from_millis(100) * k;
+        let n = released_in(&arrivals, None, from, from + Duration::from_millis(100)).len();
+        assert!(
+            n as f64 <= ceiling / 10.0 * 1.1,
+            "{n} released in the {k}th 100 ms after the pause (ceiling {ceiling}/s)"
+        );
+    }
+}
+
+/// p95 latency over the target is a congestion signal: with the sink answering 300 ms
+/// late above 600/s, the ceiling drops below the campaigns' 1,000/s; when the sink is
+/// fast again the ceiling rises back until it no longer binds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_slow_answers_lower_the_ceiling_and_it_rises_again_after() {
+    let _serial = pacing_lock().await;
+    let params = CeilingParams {
+        latency_target: Some(Duration::from_millis(100)),
+        ..CeilingParams::default()
+    };
+    let slow = Behaviour::SlowAbove {
+        per_second: 600,
+        burst: 60,
+        delay_ms: 300,
+    };
+    let mut run = start(&[(500.0, 500 * 40), (500.0, 500 * 40)], slow, params).await;
+    run.sending().await;
+    wait_for(
+        "the ceiling lowered by latency",
+        Duration::from_secs(15),
+        || {
+            let lane = run.lane();
+            lane.congestion["latency"] > 0 && lane.ceiling.is_some_and(|c| c < 1_000.0)
+        },
+    )
+    .await;
+    let low = run.lane();
+    eprintln!("lowered: {low:?}");
+    run.sink.set_behaviour(Behaviour::Normal);
+    wait_for(
+        "the ceiling inactive again",
+        Duration::from_secs(30),
+        || run.lane().ceiling.is_none(),
+    )
+    .await;
+    assert_eq!(run.lane().state, "clear");
+    run.stop().await;
+}
