@@ -364,7 +364,7 @@ impl Ctx<'_> {
             return Err(self.err("adaptive_increase", "must be above 0 and at most 1"));
         }
         let floor = s.adaptive_floor.unwrap_or(d.floor);
-        if !(floor >= 1.0 && floor <= crate::limiter::rate::MAX_RATE_PER_SECOND) {
+        if !(1.0..=crate::limiter::rate::MAX_RATE_PER_SECOND).contains(&floor) {
             return Err(self.err("adaptive_floor", "must be at least 1 (sends/s)"));
         }
         let latency_target = match s.latency_target_ms.unwrap_or(DEFAULT_LATENCY_TARGET_MS) {

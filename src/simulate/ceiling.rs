@@ -170,6 +170,9 @@ pub fn table(runs: &[CeilingRun]) -> String {
     out
 }
 
+/// A named, coloured line of a chart.
+type Line = (&'static str, plotters::style::RGBColor, Vec<(f64, f64)>);
+
 /// One panel per run: the ceiling, sent/s, accepted/s and the quota over time.
 pub fn render_svg(runs: &[CeilingRun]) -> Result<String, SimulateError> {
     use plotters::prelude::*;
@@ -213,7 +216,7 @@ pub fn render_svg(runs: &[CeilingRun]) -> Result<String, SimulateError> {
                     .map(|(t, s)| (t as f64 + 1.0, f(s)))
                     .collect()
             };
-            let series: [(&str, RGBColor, Vec<(f64, f64)>); 4] = [
+            let series: [Line; 4] = [
                 (
                     "ceiling",
                     RGBColor(148, 103, 189),

@@ -20,6 +20,12 @@ use pushpace::worker::Worker;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A turn that wakes late sends what its limiter allowed since, up to `quantum_min` of
+/// the rate at once (`worker.quantum_min_ms`, 10 ms in config/base.toml): the only way a
+/// 1 s window of releases holds more than the rate allows (module doc of
+/// `worker::scheduler`).
+const CATCH_UP: Duration = Duration::from_millis(10);
+
 /// How long a worker may take to join its group and start sending (tansu's group join).
 const GROUP_JOIN_LIMIT: Duration = Duration::from_secs(60);
 
@@ -140,7 +146,8 @@ async fn paced_adaptive_ceiling_converges_below_a_hidden_quota_and_recovers() {
     let _serial = pacing_lock().await;
     // One small campaign, taken in full under max-min; the others share the rest.
     let rates = [200.0, 700.0, 1_000.0, 1_300.0, 1_800.0];
-    // Each runs about 45 s: the big ones at their ~425/s share for ~32 s, then at rate.
+    // The big ones run at their ~425/s share for ~32 s, then 12 s at rate; the small
+    // one, never bound, for 70 s: all are still sending when the recovery is checked.
     let campaigns: Vec<(f64, usize)> = rates
         .iter()
         .map(|&r| {
@@ -190,6 +197,10 @@ async fn paced_adaptive_ceiling_converges_below_a_hidden_quota_and_recovers() {
             c.id
         );
     }
+    eprintln!(
+        "seconds 10-20: {delivered}/s delivered, {:.2}% refused, {total}/s sent",
+        fraction * 100.0
+    );
     let lane = run.lane();
     assert_eq!(lane.state, "backing off", "{lane:?}");
     assert!(lane.congestion["throttled"] > 0, "{lane:?}");
@@ -201,28 +212,36 @@ async fn paced_adaptive_ceiling_converges_below_a_hidden_quota_and_recovers() {
         retry_after: None,
     });
     let lifted = run.sink.elapsed();
-    let back = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let now = run.sink.elapsed();
-            let arrivals = run.sink.arrivals();
-            let all_back = run.plan.campaigns.iter().zip(&rates).all(|(c, &rate)| {
-                let last = released_in(
-                    &arrivals,
-                    Some(&c.id),
-                    now - Duration::from_secs(2),
-                    now - Duration::from_secs(1),
-                );
-                last.len() as f64 >= rate * 0.97
-            });
-            if all_back {
-                return now - lifted;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+    // The first second (of releases, after the lift) in which each campaign sent at
+    // least 97% of its send_rate.
+    let back_at = |arrivals: &[Arrival], c: &str, rate: f64| {
+        (0..30u32).find(|k| {
+            let from = lifted + Duration::from_secs(u64::from(*k));
+            released_in(arrivals, Some(c), from, from + Duration::from_secs(1)).len() as f64
+                >= rate * 0.97
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(31);
+    let back = loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let arrivals = run.sink.arrivals();
+        let back: Vec<Option<u32>> = run
+            .plan
+            .campaigns
+            .iter()
+            .zip(&rates)
+            .map(|(c, &rate)| back_at(&arrivals, &c.id, rate))
+            .collect();
+        if back.iter().all(Option::is_some) || Instant::now() > deadline {
+            break back;
         }
-    })
-    .await
-    .expect("every campaign back at its send_rate within 30 s");
-    eprintln!("back at the send_rates {back:?} after the quota lifted");
+    };
+    let lane = run.lane();
+    assert!(
+        back.iter().all(|b| b.is_some_and(|s| s < 30)),
+        "seconds after the lift until each campaign was back at its send_rate: {back:?}; {lane:?}"
+    );
+    eprintln!("back at the send_rates after the lift (s, per campaign): {back:?}");
     assert_eq!(run.lane().ceiling, None, "the ceiling is inactive again");
 
     wait_for("every device delivered", Duration::from_secs(120), || {
@@ -230,7 +249,8 @@ async fn paced_adaptive_ceiling_converges_below_a_hidden_quota_and_recovers() {
     })
     .await;
     run.stop().await;
-    // No campaign's release rate exceeded its send_rate + 1% in any 1 s window.
+    // No campaign's releases exceeded its send_rate + 1% in any 1 s window, beyond what
+    // the scheduler itself allows after a late wake-up.
     let arrivals = run.sink.arrivals();
     for (c, &rate) in run.plan.campaigns.iter().zip(&rates) {
         let mut times: Vec<Duration> = arrivals
@@ -240,9 +260,10 @@ async fn paced_adaptive_ceiling_converges_below_a_hidden_quota_and_recovers() {
             .collect();
         times.sort();
         let max = max_in_window(&times, Duration::from_secs(1));
+        let bound = rate * 1.01 + 1.0 + rate * CATCH_UP.as_secs_f64();
         assert!(
-            max as f64 <= rate * 1.01 + 1.0,
-            "{}: {max} released in one second at {rate}/s",
+            max as f64 <= bound,
+            "{}: {max} released in one second at {rate}/s (bound {bound})",
             c.id
         );
     }
