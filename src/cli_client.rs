@@ -95,6 +95,10 @@ pub enum CampaignCommand {
         /// local, redis or default.
         scope: String,
     },
+    /// Sets a campaign's weight in a fair share under a cap (0.01–100, default 1): with
+    /// weight 3 it gets three times the share of a weight-1 campaign, never more than
+    /// its send_rate.
+    SetWeight { id: String, weight: f64 },
     /// Stops a campaign's sends; its jobs wait.
     Pause { id: String },
     /// Lets a paused or halted campaign send again (fix a halt's cause first).
@@ -135,6 +139,10 @@ pub enum StatsCommand {
     },
 }
 
+fn one() -> f64 {
+    1.0
+}
+
 /// A campaign as the API returns it (the fields the CLI prints).
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct CampaignOut {
@@ -146,6 +154,8 @@ pub struct CampaignOut {
     /// `None`: the worker's configured limiter.scope.
     #[serde(default)]
     pub limiter_scope: Option<String>,
+    #[serde(default = "one")]
+    pub weight: f64,
     /// Why a provider's answer halted it, while halted.
     #[serde(default)]
     pub halt_reason: Option<String>,
@@ -357,6 +367,23 @@ pub async fn run_campaign(args: &CampaignArgs, settings: &Settings) -> Result<St
                 c.status
             ))
         }
+        CampaignCommand::SetWeight { id, weight } => {
+            if !weight.is_finite() {
+                return Err(CliError::Invalid(format!(
+                    "WEIGHT must be a number, got {weight}"
+                )));
+            }
+            let body = serde_json::json!({ "weight": weight });
+            let c = match put_campaign(&client, id, body, json).await? {
+                Changed::Json(text) => return Ok(text),
+                Changed::Campaign(c) => c,
+            };
+            Ok(format!(
+                "campaign {}: weight {}; the worker applies it within a second\n",
+                c.id,
+                number(c.weight)
+            ))
+        }
         CampaignCommand::SetScope { id, scope } => {
             // The API checks the name; "default" is the CLI's word for null.
             let value = match scope.as_str() {
@@ -488,6 +515,7 @@ fn campaign_details(c: &CampaignOut) -> String {
     kv("algorithm", c.algorithm.clone());
     kv("burst", c.burst.to_string());
     kv("scope", scope_text(c.limiter_scope.as_deref()));
+    kv("weight", number(c.weight));
     kv("rate_10s", format!("{:.1}/s", c.rate_10s));
     kv("sent", c.sent.to_string());
     kv("failed", c.failed.to_string());

@@ -404,6 +404,7 @@ async fn plan_campaigns(
                 algorithm: Some(algorithm),
                 burst: Some(0),
                 limiter_scope: None,
+                weight: None,
             },
             &defaults,
         )

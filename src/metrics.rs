@@ -257,6 +257,7 @@ mod tests {
             id: Arc::from(id),
             rate: 10.0,
             effective_rate: 10.0,
+            weight: 1.0,
             algorithm: Algorithm::Gcra,
             paused: false,
             halted: None,

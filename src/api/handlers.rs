@@ -364,10 +364,17 @@ pub fn parse_patch(body: &[u8]) -> Result<CampaignPatch, ApiError> {
                 };
                 patch.limiter_scope = Some(scope);
             }
+            "weight" => {
+                let weight = v.as_f64().ok_or_else(|| {
+                    ApiError::invalid("weight", format!("must be a number, got {v}"))
+                })?;
+                campaigns::validate_weight(weight)?;
+                patch.weight = Some(weight);
+            }
             other => {
                 return Err(ApiError::invalid(
                     other,
-                    "unknown field; expected send_rate, algorithm, burst or limiter_scope",
+                    "unknown field; expected send_rate, algorithm, burst, limiter_scope or weight",
                 ))
             }
         }

@@ -137,16 +137,12 @@ const COMMON_FIELDS: &[&str] = &[
     "adaptive_floor",
 ];
 
-/// `latency_target_ms` when not set: an answer this slow at p95 means the provider is
-/// queueing, well before the default 5 s timeout turns answers into retries.
+/// `latency_target_ms` when not set ([`crate::provider::ceiling::DEFAULT_LATENCY_TARGET`]).
 pub const DEFAULT_LATENCY_TARGET_MS: u64 = 2000;
 
 /// The adaptive ceiling's law when nothing is set.
 pub fn default_adaptive() -> CeilingParams {
-    CeilingParams {
-        latency_target: Some(Duration::from_millis(DEFAULT_LATENCY_TARGET_MS)),
-        ..CeilingParams::default()
-    }
+    CeilingParams::default()
 }
 const APNS_FIELDS: &[&str] = &[
     "team_id",

@@ -15,6 +15,8 @@
 //!   ceiling instead of cutting again: that second still carries what was sent before
 //!   the cut.
 //! - **Retry-After.** The lane pauses until then (and that second counts as congested).
+//! - **Latency.** A second whose p95 is above the target and above twice the lane's
+//!   usual p50 is congested: a provider that is always slow is not.
 
 use crate::limiter::{Nanos, NANOS_PER_SEC};
 use std::time::Duration;
@@ -75,6 +77,10 @@ pub struct CeilingParams {
     pub latency_target: Option<Duration>,
 }
 
+/// `latency_target` by default: an answer this slow at p95 means the provider is
+/// queueing, well before the default 5 s timeout turns answers into retries.
+pub const DEFAULT_LATENCY_TARGET: Duration = Duration::from_secs(2);
+
 impl Default for CeilingParams {
     /// β 0.9: the steady state saws between 90% and 100% of a hidden quota, so the
     /// mean goodput stays above 90% of it. α 1%: near the last congestion rate the
@@ -86,7 +92,7 @@ impl Default for CeilingParams {
             beta: 0.9,
             alpha: 0.01,
             floor: 10.0,
-            latency_target: None,
+            latency_target: Some(DEFAULT_LATENCY_TARGET),
         }
     }
 }
@@ -120,8 +126,13 @@ pub struct Ceiling {
     last_congestion: f64,
     /// Clear seconds spent probing above `W`.
     probes: u32,
-    /// The second whose congestion last cut the ceiling.
+    /// The second whose congestion last cut the ceiling, and when it was judged.
     last_cut: Option<u64>,
+    cut_at: Nanos,
+    /// When the current second's pause was asked for.
+    paused_at: Nanos,
+    /// The lane's usual p50 latency (see [`Ceiling::slow`]).
+    usual_p50: Option<Duration>,
     paused_until: Nanos,
     /// The second being counted (index since the clock's start).
     second: u64,
@@ -157,6 +168,9 @@ impl Ceiling {
             last_congestion: 0.0,
             probes: 0,
             last_cut: None,
+            cut_at: 0,
+            paused_at: 0,
+            usual_p50: None,
             paused_until: 0,
             second: 0,
             signals: [0; SIGNALS],
@@ -198,8 +212,13 @@ impl Ceiling {
         self.totals
     }
 
-    /// One answer at `now`: its congestion signal, if any, and how long it took.
+    /// One answer at `now`: its congestion signal, if any, and how long it took. An
+    /// answer to a send dispatched before the last cut is left out: it tells of the rate
+    /// before the cut, which has already been judged.
     pub fn answer(&mut self, signal: Option<Signal>, latency_ns: u64, now: Nanos) {
+        if now.saturating_sub(latency_ns) < self.cut_at {
+            return;
+        }
         if self.answers == 0 {
             self.first_answer = now;
         }
@@ -211,32 +230,32 @@ impl Ceiling {
         self.latency[bucket(latency_ns / 1000).min(LATENCY_BUCKETS - 1)] += 1;
     }
 
-    /// The provider asked for a pause: nothing is sent before `until`.
-    pub fn pause(&mut self, until: Nanos) {
+    /// The provider asked, at `now`, for a pause: nothing is sent before `until`.
+    pub fn pause(&mut self, now: Nanos, until: Nanos) {
+        if self.signals[Signal::RetryAfter as usize] == 0 {
+            self.paused_at = now;
+        }
         self.signals[Signal::RetryAfter as usize] += 1;
         self.paused_until = self.paused_until.max(until);
     }
 
-    /// Judges the seconds that ended before `now`. `demand` is the summed send_rate of
-    /// the campaigns on the provider, `sent` what was dispatched to it in the second that
-    /// ended. Returns `None` while the same second goes on.
+    /// Judges the second that ended before `now`. `demand` is the summed send_rate of the
+    /// campaigns on the provider, `sent` what was dispatched to it since the last tick.
+    /// Returns `None` while the same second goes on.
     pub fn tick(&mut self, now: Nanos, demand: f64, sent: f64) -> Option<Judged> {
         let second = now / NANOS_PER_SEC;
         if second == self.second {
             return None;
         }
-        let idle = second > self.second + 1;
         let judged = self.second;
-        let end = (judged + 1) * NANOS_PER_SEC;
         self.second = second;
-        let p95 = self.p95();
+        let (p50, p95) = (self.quantile(50), self.quantile(95));
         let mut signals = [false; SIGNALS];
         for (i, n) in self.signals.iter().enumerate() {
             signals[i] = *n > 0;
             self.totals[i] += u64::from(*n > 0);
         }
-        let slow = matches!((p95, self.params.latency_target), (Some(p), Some(t)) if p > t);
-        if slow {
+        if self.slow(p50, p95) {
             signals[Signal::Latency as usize] = true;
             self.totals[Signal::Latency as usize] += 1;
         }
@@ -247,10 +266,12 @@ impl Ceiling {
             // before it (answers in flight, a quota's emptied bucket), so it holds.
             if self.last_cut.map(|s| s + 1) != Some(judged) {
                 let paused = signals[Signal::RetryAfter as usize];
-                self.decrease(sent, demand, paused, end);
+                self.decrease(sent, demand, paused, now);
                 self.last_cut = Some(judged);
+                self.cut_at = now;
             }
-        } else if now >= self.paused_until && !idle {
+        } else if now >= self.paused_until && sent > 0.0 {
+            // Only a lane that sends learns anything: an idle one keeps its ceiling.
             self.increase(demand);
         }
         self.signals = [0; SIGNALS];
@@ -265,27 +286,46 @@ impl Ceiling {
         })
     }
 
-    /// `sent` is the count dispatched in the second that ended at `end`.
-    fn decrease(&mut self, sent: f64, demand: f64, paused: bool, end: Nanos) {
-        // Rates over the part of the second that had answers (at least 50 ms, so that a
-        // few early answers are not taken for a rate).
+    /// Whether the second's latency is congestion: its p95 above the target and above
+    /// twice the lane's usual p50 (a provider that is always slow is not congested).
+    /// The usual p50 follows a lower p50 at once and a higher one by 5% a second.
+    fn slow(&mut self, p50: Option<Duration>, p95: Option<Duration>) -> bool {
+        let (Some(p50), Some(p95)) = (p50, p95) else {
+            return false;
+        };
+        let usual = self.usual_p50.map_or(p50, |u| p50.min(u.mul_f64(1.05)));
+        self.usual_p50 = Some(usual);
+        self.params
+            .latency_target
+            .is_some_and(|t| p95 > t && p95 > usual * 2)
+    }
+
+    /// `sent` was dispatched over the time the second's answers cover (from its first
+    /// answer to `now`, or to the pause); rates are counts over that span, at least
+    /// 50 ms, so that a few early answers are not taken for a rate.
+    fn decrease(&mut self, sent: f64, demand: f64, paused: bool, now: Nanos) {
+        let until = if paused { self.paused_at } else { now };
         let span = if self.answers == 0 {
             1.0
         } else {
-            (end.saturating_sub(self.first_answer) as f64 / NANOS_PER_SEC as f64).clamp(0.05, 1.0)
+            (until.saturating_sub(self.first_answer) as f64 / NANOS_PER_SEC as f64).max(0.05)
         };
-        // A pause cut the second short: what was sent and taken in it says nothing.
         let current = match self.ceiling {
             Some(c) => c,
+            // A pause cut the dispatches short: the campaigns' own rates stand for them.
             None if paused => demand,
             None => sent / span,
         };
-        let base = if self.answers == 0 || paused {
+        let base = if self.answers == 0 {
             current
         } else {
             current.min(f64::from(self.accepted) / span)
         };
-        self.last_congestion = base.max(self.params.floor);
+        // W: where congestion began. A second with nothing accepted (an outage) says
+        // nothing of it: the old W stands, so that recovery heads back there.
+        if self.accepted > 0 || self.last_congestion == 0.0 {
+            self.last_congestion = base.max(self.params.floor);
+        }
         self.ceiling = Some((base * self.params.beta).max(self.params.floor));
         self.probes = 0;
     }
@@ -307,12 +347,12 @@ impl Ceiling {
         }
     }
 
-    /// The 95th percentile of the second's latencies (a bucket's upper bound).
-    fn p95(&self) -> Option<Duration> {
+    /// The `q`th percentile of the second's latencies (a bucket's upper bound).
+    fn quantile(&self, q: u64) -> Option<Duration> {
         if self.answers < MIN_LATENCY_SAMPLES {
             return None;
         }
-        let rank = (u64::from(self.answers) * 95).div_ceil(100);
+        let rank = (u64::from(self.answers) * q).div_ceil(100);
         let mut seen = 0u64;
         for (i, n) in self.latency.iter().enumerate() {
             seen += u64::from(*n);

@@ -7,11 +7,13 @@ const S: Nanos = NANOS_PER_SEC;
 fn second(c: &mut Ceiling, t: u64, demand: f64, quota: f64) -> (f64, f64) {
     let sent = c.limit().unwrap_or(demand).min(demand).floor();
     let taken = sent.min(quota);
-    for _ in 0..taken as u64 {
-        c.answer(None, 2_000_000, t * S);
+    // Answers spread over the second, refusals last (the bucket empties as it goes).
+    let at = |i: u64| t * S + i * S / sent.max(1.0) as u64;
+    for i in 0..taken as u64 {
+        c.answer(None, 2_000_000, at(i));
     }
-    for _ in 0..(sent - taken) as u64 {
-        c.answer(Some(Signal::Throttled), 2_000_000, t * S);
+    for i in taken as u64..sent as u64 {
+        c.answer(Some(Signal::Throttled), 2_000_000, at(i));
     }
     c.tick((t + 1) * S, demand, sent);
     (sent, sent - taken)
@@ -89,7 +91,7 @@ fn a_pause_cuts_from_the_demand_not_the_truncated_second() {
         c.answer(None, 1_000_000, i * 1_000_000);
     }
     c.answer(Some(Signal::Throttled), 1_000_000, 50 * 1_000_000);
-    c.pause(2 * S);
+    c.pause(50 * 1_000_000, 2 * S);
     c.tick(S, 1_000.0, 51.0);
     assert_eq!(c.limit(), Some(900.0));
 }
@@ -120,7 +122,7 @@ fn never_goes_below_the_floor() {
 fn a_pause_holds_the_ceiling_until_it_ends() {
     let mut c = Ceiling::new(CeilingParams::default());
     second(&mut c, 0, 5_000.0, 2_000.0);
-    c.pause(5 * S);
+    c.pause(S + S / 2, 5 * S);
     assert!(matches!(c.state(S), CeilingState::Paused { until, .. } if until == 5 * S));
     // The pause's second is congested, but it is the one right after a cut: it holds.
     c.tick(2 * S, 5_000.0, 0.0);
@@ -130,9 +132,12 @@ fn a_pause_holds_the_ceiling_until_it_ends() {
         c.tick(t * S, 5_000.0, 0.0);
         assert_eq!(c.limit(), held, "t={t}");
     }
+    // Paused, nothing was sent; once it ends and sending resumes, it rises.
     c.tick(5 * S, 5_000.0, 0.0);
+    assert_eq!(c.limit(), held, "nothing sent: nothing learnt");
+    c.tick(6 * S, 5_000.0, 1_800.0);
     assert!(c.limit() > held);
-    assert_eq!(c.state(5 * S), CeilingState::BackingOff(c.limit().unwrap()));
+    assert_eq!(c.state(6 * S), CeilingState::BackingOff(c.limit().unwrap()));
 }
 
 #[test]
@@ -169,4 +174,40 @@ fn buckets_read_latency_to_within_an_eighth() {
         assert!(upper >= us, "{us} -> {upper}");
         assert!(upper as f64 <= us as f64 * 1.125 + 1.0, "{us} -> {upper}");
     }
+}
+
+/// An answer to a send dispatched before the last cut says nothing new: the timeouts of
+/// the old rate, arriving seconds later, do not cut again and again.
+#[test]
+fn answers_to_sends_from_before_a_cut_are_left_out() {
+    let mut c = Ceiling::new(CeilingParams::default());
+    second(&mut c, 0, 5_000.0, 2_000.0);
+    assert_eq!(c.limit(), Some(1_800.0));
+    // Seconds 2 and 3: timeouts of sends dispatched at 0.5 s, and the new rate's answers.
+    for t in 2..4u64 {
+        for i in 0..1_800u64 {
+            c.answer(None, 1_000_000, t * S + i * S / 1_800);
+        }
+        for _ in 0..100 {
+            c.answer(Some(Signal::Timeout), t * S + S / 2 - S / 2, t * S + S / 2);
+        }
+        c.tick((t + 1) * S, 5_000.0, 1_800.0);
+    }
+    assert!(c.limit() > Some(1_800.0), "{:?}", c.limit());
+    assert_eq!(c.totals()[Signal::Timeout as usize], 0);
+}
+
+/// A provider that is always slow is not congested: only a p95 above the target and
+/// above twice the usual p50 is.
+#[test]
+fn a_provider_that_is_always_slow_is_not_congested() {
+    let mut c = Ceiling::new(CeilingParams::default());
+    for t in 0..20u64 {
+        for i in 0..100u64 {
+            c.answer(None, 2_500_000_000, t * S + i * S / 100);
+        }
+        let j = c.tick((t + 1) * S, 1_000.0, 100.0).unwrap();
+        assert!(!j.signals[Signal::Latency as usize], "t={t}: {j:?}");
+    }
+    assert_eq!(c.limit(), None);
 }

@@ -331,10 +331,10 @@ fn classify_status(code: u16, retry_after: Option<Duration>, snippet: String) ->
         SendOutcome::RetryProvider {
             after: retry_after,
             reason,
-            signal: Some(if code == 429 {
-                Signal::Throttled
-            } else {
-                Signal::Unavailable
+            signal: Some(match (retry_after, code) {
+                (Some(_), _) => Signal::RetryAfter,
+                (None, 429) => Signal::Throttled,
+                (None, _) => Signal::Unavailable,
             }),
         }
     } else if code == 410 {

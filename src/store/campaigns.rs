@@ -83,8 +83,31 @@ pub struct Campaign {
     pub halt_reason: Option<String>,
     #[serde(default)]
     pub halted_at: Option<DateTime<Utc>>,
+    /// Its weight in a fair share under a cap (0.01–100, default 1).
+    #[serde(default = "default_weight")]
+    pub weight: f64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+/// The smallest and largest campaign weight.
+pub const MIN_WEIGHT: f64 = 0.01;
+pub const MAX_WEIGHT: f64 = 100.0;
+
+/// Checks a weight: [`MIN_WEIGHT`] to [`MAX_WEIGHT`].
+pub fn validate_weight(weight: f64) -> Result<f64, StoreError> {
+    if (MIN_WEIGHT..=MAX_WEIGHT).contains(&weight) {
+        Ok(weight)
+    } else {
+        Err(StoreError::invalid(
+            "weight",
+            format!("must be from {MIN_WEIGHT} to {MAX_WEIGHT}, got {weight}"),
+        ))
+    }
 }
 
 impl Campaign {
@@ -124,6 +147,7 @@ pub struct CampaignPatch {
     /// `None`: keep; `Some(None)`: back to the configured default; `Some(Some(s))`: set.
     #[serde(default, deserialize_with = "present")]
     pub limiter_scope: Option<Option<LimiterScope>>,
+    pub weight: Option<f64>,
 }
 
 /// A field that is present, even as `null`, is `Some` (serde maps a missing one to the
@@ -185,7 +209,7 @@ pub fn validate_burst(burst: i64) -> Result<i32, StoreError> {
 }
 
 const COLUMNS: &str = "id, send_rate, algorithm, burst, status, limiter_scope, halt_reason, \
-                       halted_at, created_at, updated_at";
+                       halted_at, weight, created_at, updated_at";
 
 #[derive(sqlx::FromRow)]
 struct CampaignRow {
@@ -197,6 +221,7 @@ struct CampaignRow {
     limiter_scope: Option<String>,
     halt_reason: Option<String>,
     halted_at: Option<DateTime<Utc>>,
+    weight: f64,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -234,6 +259,7 @@ impl TryFrom<CampaignRow> for Campaign {
             limiter_scope,
             halt_reason: row.halt_reason,
             halted_at: row.halted_at,
+            weight: row.weight,
             created_at: row.created_at,
             updated_at: row.updated_at,
         })
@@ -297,14 +323,17 @@ pub async fn put(
     // tell "set to NULL" from "keep": $8 says whether the patch names the field.
     let set_scope = patch.limiter_scope.is_some();
     let scope = patch.limiter_scope.flatten().map(LimiterScope::as_str);
+    let weight = patch.weight.map(validate_weight).transpose()?;
     let row: CampaignRow = sqlx::query_as(&format!(
-        "INSERT INTO campaigns (id, send_rate, algorithm, burst, limiter_scope) \
-         VALUES ($1, COALESCE($2, $5), COALESCE($3, $6), COALESCE($4, $7), $9) \
+        "INSERT INTO campaigns (id, send_rate, algorithm, burst, limiter_scope, weight) \
+         VALUES ($1, COALESCE($2, $5), COALESCE($3, $6), COALESCE($4, $7), $9, \
+                 COALESCE($10, 1)) \
          ON CONFLICT (id) DO UPDATE SET \
              send_rate = COALESCE($2, campaigns.send_rate), \
              algorithm = COALESCE($3, campaigns.algorithm), \
              burst = COALESCE($4, campaigns.burst), \
-             limiter_scope = CASE WHEN $8 THEN $9 ELSE campaigns.limiter_scope END \
+             limiter_scope = CASE WHEN $8 THEN $9 ELSE campaigns.limiter_scope END, \
+             weight = COALESCE($10, campaigns.weight) \
          RETURNING {COLUMNS}"
     ))
     .bind(id)
@@ -316,6 +345,7 @@ pub async fn put(
     .bind(validate_burst(i64::from(defaults.burst))?)
     .bind(set_scope)
     .bind(scope)
+    .bind(weight)
     .fetch_one(pool)
     .await?;
     row.try_into()
@@ -422,7 +452,7 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSumma
     let start = end - Duration::seconds(10);
     let rows: Vec<SummaryRow> = sqlx::query_as(
         "SELECT c.id, c.send_rate, c.algorithm, c.burst, c.status, c.limiter_scope, \
-                c.halt_reason, c.halted_at, c.created_at, c.updated_at, \
+                c.halt_reason, c.halted_at, c.weight, c.created_at, c.updated_at, \
                 COALESCE(t.sent, 0)::int8 AS sent, \
                 COALESCE(t.failed, 0)::int8 AS failed, \
                 COALESCE(t.retried, 0)::int8 AS retried, \

@@ -167,5 +167,6 @@ pub fn provisional(job: &Job, defaults: &CampaignDefaults) -> CampaignSettings {
         paused: false,
         halted: false,
         limiter_scope: None,
+        weight: 1.0,
     }
 }

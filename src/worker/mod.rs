@@ -80,6 +80,7 @@ pub fn to_settings(c: &Campaign, fallback: &CampaignDefaults) -> CampaignSetting
         paused: c.status == CampaignStatus::Paused,
         halted: c.status == CampaignStatus::Halted,
         limiter_scope: c.limiter_scope,
+        weight: c.weight,
     }
 }
 

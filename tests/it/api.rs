@@ -424,6 +424,7 @@ async fn put_creates_then_updates_and_names_the_bad_field() {
     assert_eq!(r.body["send_rate"], 750.0);
     assert_eq!(r.body["algorithm"], "token-bucket");
     assert_eq!(r.body["burst"], 10);
+    assert_eq!(r.body["weight"], 1.0, "the default weight");
     assert_eq!(r.body["status"], "active");
     assert_eq!(r.body["active"], false, "no worker in this process");
     assert!(r.body["live"].is_null());
@@ -439,6 +440,12 @@ async fn put_creates_then_updates_and_names_the_bad_field() {
     let r = app.put("/api/campaigns/spring-sale", "{}").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body["send_rate"], 500.5);
+    let r = app
+        .put("/api/campaigns/spring-sale", r#"{"weight": 3}"#)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.body["weight"], 3.0);
+    assert_eq!(r.body["send_rate"], 500.5, "a weight alone keeps the rate");
     // A new campaign with nothing given takes the configured defaults.
     let r = app.put("/api/campaigns/plain", "").await;
     assert_eq!(r.status, 201, "{}", r.text);
@@ -461,6 +468,11 @@ async fn put_creates_then_updates_and_names_the_bad_field() {
         (r#"{"send_rate": 0.0009}"#, "send_rate"),
         (r#"{"send_rate": 1e-300}"#, "send_rate"),
         (r#"{"sendrate": 10}"#, "sendrate"),
+        (r#"{"weight": 0}"#, "weight"),
+        (r#"{"weight": 0.009}"#, "weight"),
+        (r#"{"weight": 100.5}"#, "weight"),
+        (r#"{"weight": "heavy"}"#, "weight"),
+        (r#"{"weight": null}"#, "weight"),
         (r#"[750]"#, "body"),
         (r#"{"send_rate": 10"#, "body"),
     ];
@@ -481,12 +493,16 @@ async fn put_creates_then_updates_and_names_the_bad_field() {
     let r = app
         .put(
             "/api/campaigns/edges",
-            r#"{"send_rate": 0.001, "burst": 10000}"#,
+            r#"{"send_rate": 0.001, "burst": 10000, "weight": 0.01}"#,
         )
         .await;
     assert_eq!(r.status, 201, "{}", r.text);
     assert_eq!(r.body["send_rate"], 0.001);
     assert_eq!(r.body["burst"], 10000);
+    assert_eq!(r.body["weight"], 0.01);
+    let r = app.put("/api/campaigns/edges", r#"{"weight": 100}"#).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.body["weight"], 100.0);
     // Too large a body.
     let huge = format!(r#"{{"send_rate": 5, "pad": "{}"}}"#, "x".repeat(20_000));
     let r = app.put("/api/campaigns/spring-sale", &huge).await;
@@ -498,6 +514,7 @@ async fn put_creates_then_updates_and_names_the_bad_field() {
     assert_eq!(r.body["send_rate"], 500.5);
     assert_eq!(r.body["algorithm"], "token-bucket");
     assert_eq!(r.body["burst"], 10);
+    assert_eq!(r.body["weight"], 3.0);
     let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM campaigns ORDER BY id")
         .fetch_all(&app.pool)
         .await

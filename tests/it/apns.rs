@@ -201,7 +201,7 @@ async fn each_answer_maps_to_its_class() {
             SendOutcome::RetryProvider {
                 after: Some(Duration::from_secs(2)),
                 reason: "APNs 503 ServiceUnavailable".into(),
-                signal: Some(pushpace::sender::Signal::Unavailable),
+                signal: Some(pushpace::sender::Signal::RetryAfter),
             },
         ),
         (

@@ -14,6 +14,7 @@ mod fcm;
 mod helpers;
 mod hygiene;
 mod job;
+mod lifecycle;
 mod limiter;
 mod pipeline;
 mod poison_headers;

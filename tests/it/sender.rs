@@ -199,7 +199,8 @@ async fn too_many_requests_is_retried_after_the_given_seconds() {
                 reason,
                 signal,
             } => {
-                assert_eq!(signal, Some(Signal::Throttled));
+                // The provider asked for a pause: the adaptive ceiling pauses the lane.
+                assert_eq!(signal, Some(Signal::RetryAfter));
                 assert_eq!(after, Some(Duration::from_secs(7)));
                 assert!(reason.starts_with("HTTP 429"), "{reason}");
             }

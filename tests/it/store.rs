@@ -199,6 +199,7 @@ async fn a_job_creates_its_campaign_and_stored_values_win_afterwards() {
             algorithm: Some(Algorithm::LeakyBucket),
             burst: Some(10),
             limiter_scope: None,
+            weight: None,
         },
         &defaults,
     )

@@ -152,7 +152,8 @@ function renderTable(list) {
     // A halt says why: the provider's answer, for the operator to fix before resuming.
     r.status.title = c.halt_reason || "";
     if (c.halt_reason) r.status.textContent = `halted: ${c.halt_reason}`;
-    r.algorithm.textContent = c.algorithm + (c.burst ? ` (burst ${c.burst})` : "");
+    r.algorithm.textContent = c.algorithm + (c.burst ? ` (burst ${c.burst})` : "") +
+      (c.weight !== undefined && c.weight !== 1 ? ` · weight ${fmt(c.weight, 2)}` : "");
     r.sendRate.textContent = fmt(c.send_rate, 3);
     // Its share while a cap or its provider's adaptive ceiling binds it.
     const eff = c.live && c.live.effective_rate;

@@ -107,15 +107,19 @@ pub fn classify(
             after: after(),
             reason,
         },
-        Class::RetryProvider => SendOutcome::RetryProvider {
-            after: after(),
-            reason,
-            signal: Some(if status == StatusCode::TOO_MANY_REQUESTS {
-                Signal::Throttled
-            } else {
-                Signal::Unavailable
-            }),
-        },
+        Class::RetryProvider => {
+            let after = after();
+            let signal = match after {
+                Some(_) => Signal::RetryAfter,
+                None if status == StatusCode::TOO_MANY_REQUESTS => Signal::Throttled,
+                None => Signal::Unavailable,
+            };
+            SendOutcome::RetryProvider {
+                after,
+                reason,
+                signal: Some(signal),
+            }
+        }
         Class::HaltProvider => SendOutcome::Halt {
             scope: HaltScope::Provider,
             reason,
@@ -243,7 +247,7 @@ mod tests {
                 SendOutcome::RetryProvider {
                     after: Some(Duration::from_secs(7)),
                     reason: format!("APNs {status} {reason}"),
-                    signal: Some(Signal::Unavailable),
+                    signal: Some(Signal::RetryAfter),
                 }
             );
             assert_eq!(code, reason);

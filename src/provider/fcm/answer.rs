@@ -122,7 +122,7 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdict
         "UNAVAILABLE" | "INTERNAL" => SendOutcome::RetryProvider {
             after: retry_after,
             reason,
-            signal: Some(Signal::Unavailable),
+            signal: Some(paused_or(retry_after, Signal::Unavailable)),
         },
         "THIRD_PARTY_AUTH_ERROR" | "PERMISSION_DENIED" => halt(HaltScope::Provider, reason),
         "UNAUTHENTICATED" => return Verdict::Unauthenticated(reason),
@@ -133,7 +133,7 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdict
             500..=599 => SendOutcome::RetryProvider {
                 after: retry_after,
                 reason,
-                signal: Some(Signal::Unavailable),
+                signal: Some(paused_or(retry_after, Signal::Unavailable)),
             },
             s => SendOutcome::Rejected {
                 status: Some(s),
@@ -153,7 +153,18 @@ fn quota(retry_after: Option<Duration>, reason: String) -> SendOutcome {
     SendOutcome::RetryProvider {
         after: Some(retry_after.map_or(QUOTA_MIN_WAIT, |d| d.max(QUOTA_MIN_WAIT))),
         reason,
-        signal: Some(Signal::Throttled),
+        // Only Google's own Retry-After pauses the lane: the minute's minimum is for
+        // the device's retry, while the ceiling slows the rest down.
+        signal: Some(paused_or(retry_after, Signal::Throttled)),
+    }
+}
+
+/// [`Signal::RetryAfter`] when the answer carried a Retry-After, else `otherwise`.
+fn paused_or(retry_after: Option<Duration>, otherwise: Signal) -> Signal {
+    if retry_after.is_some() {
+        Signal::RetryAfter
+    } else {
+        otherwise
     }
 }
 

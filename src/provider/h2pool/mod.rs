@@ -108,13 +108,15 @@ impl TransportError {
             _ => None,
         };
         let signal = match &self {
-            TransportError::Timeout { .. } => Signal::Timeout,
-            _ => Signal::Connection,
+            TransportError::Timeout { .. } => Some(Signal::Timeout),
+            // The provider's answer was too long: nothing to say of its load.
+            TransportError::BodyTooLarge { .. } => None,
+            _ => Some(Signal::Connection),
         };
         SendOutcome::RetryProvider {
             after,
             reason: self.to_string(),
-            signal: Some(signal),
+            signal,
         }
     }
 }

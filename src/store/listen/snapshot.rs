@@ -145,6 +145,7 @@ mod tests {
             limiter_scope: None,
             halt_reason: None,
             halted_at: None,
+            weight: 1.0,
             created_at: at,
             updated_at: at,
         }

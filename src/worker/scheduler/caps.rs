@@ -9,16 +9,19 @@ use crate::limiter::{DynLimiter, Nanos, Rate};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Water-filling: campaigns asking less than an equal split of `cap` get what they ask;
-/// the others share what is left equally. `wanted` is (rate, campaign slot).
-pub(super) fn max_min(cap: f64, wanted: &mut [(f64, u32)], shares: &mut HashMap<u32, f64>) {
-    wanted.sort_by(|a, b| a.0.total_cmp(&b.0));
+/// Weighted water-filling: a campaign whose rate is below its weighted split of `cap`
+/// gets its rate; the others share what is left in proportion to their weights.
+/// `wanted` is (rate, weight, campaign slot); weights are positive (0.01–100).
+pub(super) fn max_min(cap: f64, wanted: &mut [(f64, f64, u32)], shares: &mut HashMap<u32, f64>) {
+    // Smallest rate per unit of weight first: those are the ones a split satisfies.
+    wanted.sort_by(|a, b| (a.0 / a.1).total_cmp(&(b.0 / b.1)));
     let mut left = cap;
-    let n = wanted.len();
-    for (k, &(rate, slot)) in wanted.iter().enumerate() {
-        let fair = left / (n - k) as f64;
+    let mut weight_left: f64 = wanted.iter().map(|w| w.1).sum();
+    for &(rate, weight, slot) in wanted.iter() {
+        let fair = left * weight / weight_left;
         let share = rate.min(fair);
         left -= share;
+        weight_left -= weight;
         shares.insert(slot, share);
     }
 }
@@ -61,13 +64,14 @@ impl Scheduler {
     /// of its provider's cap and then of the global cap. Rates change through `set_rate`,
     /// so a change never releases a burst.
     pub(super) fn rebalance(&mut self, now: Nanos) {
-        let sending: Vec<(f64, u32, u16)> = self
+        let sending: Vec<(f64, f64, u32, u16)> = self
             .active
             .iter()
             .filter_map(|&slot| {
                 let c = self.campaigns[slot as usize].as_ref()?;
                 let sending = !c.settings.paused && !c.settings.halted && c.halt.is_none();
-                sending.then(|| (c.settings.rate.as_f64(), slot, c.provider))
+                let w = c.settings.weight;
+                sending.then(|| (c.settings.rate.as_f64(), w, slot, c.provider))
             })
             .collect();
         let mut shares: HashMap<u32, f64> = HashMap::new();
@@ -86,17 +90,19 @@ impl Scheduler {
                     None => continue,
                 },
             };
-            let mut group: Vec<(f64, u32)> = sending
+            let mut group: Vec<(f64, f64, u32)> = sending
                 .iter()
-                .filter(|(_, _, provider)| usize::from(*provider) == p)
-                .map(|&(rate, slot, _)| (rate, slot))
+                .filter(|(_, _, _, provider)| usize::from(*provider) == p)
+                .map(|&(rate, weight, slot, _)| (rate, weight, slot))
                 .collect();
             max_min(cap, &mut group, &mut shares);
         }
         if let Some(g) = &self.global {
-            let mut wanted: Vec<(f64, u32)> = sending
+            let mut wanted: Vec<(f64, f64, u32)> = sending
                 .iter()
-                .map(|&(rate, slot, _)| (shares.get(&slot).copied().unwrap_or(rate), slot))
+                .map(|&(rate, weight, slot, _)| {
+                    (shares.get(&slot).copied().unwrap_or(rate), weight, slot)
+                })
                 .collect();
             max_min(g.global_rate().as_f64(), &mut wanted, &mut shares);
         }
@@ -179,10 +185,24 @@ mod tests {
     #[test]
     fn max_min_gives_small_asks_in_full_and_splits_the_rest() {
         let mut shares = HashMap::new();
-        let mut wanted = vec![(500.0, 1), (10.0, 2), (1000.0, 3)];
+        let mut wanted = vec![(500.0, 1.0, 1), (10.0, 1.0, 2), (1000.0, 1.0, 3)];
         max_min(600.0, &mut wanted, &mut shares);
         assert_eq!(shares[&2], 10.0);
         assert_eq!(shares[&1], 295.0);
         assert_eq!(shares[&3], 295.0);
+    }
+
+    #[test]
+    fn weights_split_in_proportion_and_never_above_a_rate() {
+        let mut shares = HashMap::new();
+        let mut wanted = vec![(1000.0, 1.0, 1), (1000.0, 2.0, 2), (1000.0, 3.0, 3)];
+        max_min(600.0, &mut wanted, &mut shares);
+        assert_eq!((shares[&1], shares[&2], shares[&3]), (100.0, 200.0, 300.0));
+        // The heavy one asks little: it gets that, the rest split 1:2 what is left.
+        let mut shares = HashMap::new();
+        let mut wanted = vec![(1000.0, 1.0, 1), (1000.0, 2.0, 2), (30.0, 3.0, 3)];
+        max_min(600.0, &mut wanted, &mut shares);
+        assert_eq!(shares[&3], 30.0);
+        assert!((shares[&1] - 190.0).abs() < 1e-9 && (shares[&2] - 380.0).abs() < 1e-9);
     }
 }

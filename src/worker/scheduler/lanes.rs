@@ -15,6 +15,10 @@ use crate::sender::SendOutcome;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+/// The longest a provider's Retry-After pauses its whole lane; the refused device itself
+/// waits the full time. Past this the ceiling, cut by then, probes again.
+pub const LANE_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Seconds of history kept per provider: the dashboard's 5-minute chart.
 pub const HISTORY_S: usize = 300;
 
@@ -125,8 +129,9 @@ impl Scheduler {
                 ..
             } => {
                 c.answer(Some(*signal), latency_ns, now);
-                if let (Some(after), Signal::Throttled | Signal::Unavailable) = (after, signal) {
-                    c.pause(now.saturating_add(after.as_nanos() as Nanos));
+                if let (Some(after), Signal::RetryAfter) = (after, signal) {
+                    let pause = (*after).min(LANE_PAUSE_MAX);
+                    c.pause(now, now.saturating_add(pause.as_nanos() as Nanos));
                 }
             }
             // Says nothing of the provider's load (its OAuth endpoint is down).
@@ -154,6 +159,12 @@ impl Scheduler {
                 if let Some(d) = demand.get_mut(usize::from(c.provider)) {
                     *d += c.settings.rate.as_f64();
                 }
+            }
+        }
+        // Under a fixed max_rate the campaigns cannot send more than it together.
+        for (d, p) in demand.iter_mut().zip(self.providers.iter()) {
+            if let Some(max) = p.max_rate {
+                *d = d.min(max.as_f64());
             }
         }
         let mut moved = false;

@@ -146,6 +146,8 @@ pub struct CampaignSettings {
     pub halted: bool,
     /// The campaign's own limiter scope; `None`: the configured default.
     pub limiter_scope: Option<LimiterScope>,
+    /// Its weight in a fair share under a cap (weighted max-min).
+    pub weight: f64,
 }
 
 /// A job handed over by the consumer.
@@ -182,6 +184,7 @@ impl CampaignSettings {
             paused: false,
             halted: false,
             limiter_scope: None,
+            weight: 1.0,
         }
     }
 }
@@ -381,6 +384,8 @@ pub struct CampaignLive {
     pub rate: f64,
     /// What it sends at: its rate, or its share when a cap or ceiling binds.
     pub effective_rate: f64,
+    /// Its weight in that share.
+    pub weight: f64,
     pub algorithm: Algorithm,
     pub paused: bool,
     /// Why it is halted, when it is (by an answer here, or in the store).
@@ -537,6 +542,7 @@ impl Scheduler {
                 id: c.settings.id.clone(),
                 rate: c.settings.rate.as_f64(),
                 effective_rate: c.effective_rate.as_f64(),
+                weight: c.settings.weight,
                 algorithm: c.settings.algorithm,
                 paused: c.settings.paused,
                 halted: c.halt.as_ref().map(|h| h.reason.clone()).or_else(|| {
