@@ -72,12 +72,12 @@ for mode in ("true", "false"):
     print(f"{'on' if mode == 'true' else 'off':<9} {s['delivered'] / secs:>12.0f} "
           f"{100 * refused / max(s['requests'], 1):>8.2f}% {refused / max(s['delivered'], 1):>15.3f}")
 try:
-    p = json.load(open(f"target/adaptive/{run}-true.providers.json"))[0]
+    p = next(x for x in json.load(open(f"target/adaptive/{run}-true.providers.json")) if x["name"] == "hook")
     h = p["history"]
     band = next((i for i, x in enumerate(h) if x["accepted"] >= 0.9 * quota), None)
     print(f"adaptive: state {p['state']}, ceiling {p['ceiling']}, congested seconds {p['congestion']}")
     print("ceiling per second (first 20):", [round(x["ceiling"] or x["demand"]) for x in h[:20]])
     print("accepted per second (first 20):", [round(x["accepted"]) for x in h[:20]])
-except (OSError, IndexError, ValueError) as e:
+except (OSError, StopIteration, ValueError) as e:
     print("no /api/providers snapshot:", e)
 PY
