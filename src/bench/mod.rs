@@ -345,7 +345,18 @@ impl Ctx {
             self.out_dir
                 .join(format!("{}-{phase}-worker.log", self.run_id)),
         )?;
-        let mut cmd = Command::new(&self.exe);
+        // PUSHPACE_BENCH_WORKER_WRAPPER runs the worker under a profiler, e.g.
+        // "valgrind --tool=callgrind" (its figures then measure the profiler too).
+        let wrapper = std::env::var("PUSHPACE_BENCH_WORKER_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(&self.exe);
+                c
+            }
+            None => Command::new(&self.exe),
+        };
         cmd.arg("run")
             .env("PUSHPACE__KAFKA__BROKERS", &self.settings.kafka.brokers)
             .env("PUSHPACE__KAFKA__TOPIC", topic)
