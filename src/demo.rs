@@ -160,7 +160,18 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     println!("provider sink listening on {}", sink.url());
     let mut sender_config = HttpSenderConfig::new(sink.url());
     sender_config.timeout = Duration::from_millis(settings.sender.timeout_ms);
-    let sender = AnySender::Http(HttpSender::new(&sender_config)?);
+    // As `pushpace run` builds the webhook of [sender]: with the adaptive ceiling.
+    let sender = crate::provider::Providers::new(
+        vec![crate::provider::Provider {
+            name: std::sync::Arc::from("webhook"),
+            kind: crate::provider::ProviderKind::Webhook,
+            max_rate: None,
+            max_in_flight: None,
+            adaptive: Some(crate::provider::ceiling::CeilingParams::default()),
+            sender: AnySender::Http(HttpSender::new(&sender_config)?),
+        }],
+        "webhook",
+    )?;
 
     let run_id = format!("demo{}", chrono::Utc::now().format("%H%M%S"));
     let (plan, algorithms) = plan_campaigns(&settings, &pool, args, &run_id).await?;

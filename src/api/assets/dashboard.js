@@ -156,8 +156,8 @@ function renderTable(list) {
       (c.weight !== undefined && c.weight !== 1 ? ` · weight ${fmt(c.weight, 2)}` : "");
     r.sendRate.textContent = fmt(c.send_rate, 3);
     // Its share while a cap or its provider's adaptive ceiling binds it.
-    const eff = c.live && c.live.effective_rate;
-    if (eff !== undefined && eff < c.send_rate * 0.999) {
+    const eff = c.live ? c.live.effective_rate : undefined;
+    if (typeof eff === "number" && eff < c.send_rate * 0.999) {
       r.sendRate.textContent += ` → ${fmt(eff, 1)}`;
       r.sendRate.title = "effective rate: its share of a cap or provider ceiling that binds";
     } else {
