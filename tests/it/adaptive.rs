@@ -7,7 +7,7 @@
 //! is measured is pushpace's pacing, not the loopback's jitter.
 
 use crate::helpers::{
-    brokers, fresh_database, fresh_topic, pacing_lock, test_settings, unique_name, wait_for,
+    brokers, fresh_database, fresh_topic, pacing_lock, sink_worker_settings, unique_name, wait_for,
 };
 use pushpace::limiter::Algorithm;
 use pushpace::produce::ProducePlan;
@@ -49,15 +49,12 @@ async fn start(campaigns: &[(f64, usize)], behaviour: Behaviour, params: Ceiling
     pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .expect("produce");
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-        ("sender.retry_base_ms", "50".into()),
-        ("worker.stats_flush_ms", "200".into()),
-    ]);
+    let settings = sink_worker_settings(
+        &topic,
+        &db_url,
+        &sink.url(),
+        &[("sender.retry_base_ms", "50".into())],
+    );
     let provider = Provider {
         name: Arc::from("sink"),
         kind: ProviderKind::Webhook,

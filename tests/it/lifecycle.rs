@@ -2,7 +2,7 @@
 //! cap that binds.
 
 use crate::helpers::{
-    brokers, fresh_database, fresh_topic, pacing_lock, test_settings, unique_name, wait_for,
+    brokers, fresh_database, fresh_topic, pacing_lock, sink_worker_settings, unique_name, wait_for,
 };
 use pushpace::limiter::Algorithm;
 use pushpace::produce::ProducePlan;
@@ -47,15 +47,12 @@ async fn paced_weights_share_a_binding_cap_in_proportion() {
     pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .expect("produce");
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-        ("limiter.global_rate", "600".into()),
-        ("worker.stats_flush_ms", "200".into()),
-    ]);
+    let settings = sink_worker_settings(
+        &topic,
+        &db_url,
+        &sink.url(),
+        &[("limiter.global_rate", "600".into())],
+    );
     let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
     let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
         .await
