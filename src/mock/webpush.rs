@@ -92,6 +92,13 @@ pub struct WebPushMock {
     state: Arc<State>,
 }
 
+/// SETTINGS_MAX_CONCURRENT_STREAMS, as the real push services advertise about 100 (the
+/// HTTP/2 spec's recommended minimum). Unlimited, a client with 1,024 sends in flight
+/// left that many small DATA frames waiting on the mock's decrypts, and the `h2`
+/// server's framing budget answered with a GOAWAY (ENHANCE_YOUR_CALM,
+/// "too_many_data_frames"): every send in flight failed and was retried.
+pub const MAX_CONCURRENT_STREAMS: u32 = 100;
+
 impl WebPushMock {
     /// Starts a push service on a loopback port with a certificate from `ca` (inside a
     /// tokio runtime).
@@ -103,7 +110,11 @@ impl WebPushMock {
     pub fn start_on(bind: std::net::SocketAddr, ca: &TestCa) -> std::io::Result<Self> {
         let state = Arc::new(State::default());
         let handler = Arc::new(PushHandler(Arc::clone(&state)));
-        let server = MockServer::start_on(bind, ca, handler, Knobs::default())?;
+        let knobs = Knobs {
+            max_concurrent_streams: Some(MAX_CONCURRENT_STREAMS),
+            ..Knobs::default()
+        };
+        let server = MockServer::start_on(bind, ca, handler, knobs)?;
         let _ = state.origin.set(server.url());
         Ok(Self { server, state })
     }

@@ -229,6 +229,8 @@ impl Scheduler {
         c.counter.record(unix_sec, Outcome::Retried, 1);
         c.retried += 1;
         self.retries_total.increment(1);
+        // Reasons never hold a secret (the adapters keep tokens and keys out of them).
+        tracing::debug!(campaign = %c.settings.id, device, attempt, reason = %reason, "send to be retried");
         let since = if attempt == 0 { now } else { first_failed };
         if self.is_revoking(partition) {
             // Its next owner sends it; a retry here would outlast the drain.
