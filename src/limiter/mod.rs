@@ -127,11 +127,6 @@ pub struct Grant {
     pub next_at: Option<Nanos>,
 }
 
-/// The old name of the trait that carried [`RateLimiter::acquire_up_to`]; the method now
-/// lives on [`RateLimiter`] itself so that each algorithm can override it, and this alias
-/// keeps `use pushpace::limiter::AcquireUpTo` compiling.
-pub use self::RateLimiter as AcquireUpTo;
-
 /// The algorithms a campaign can choose, by the names used in config, jobs and the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -1,5 +1,5 @@
 //! The plain-text HTTP/1.1 transport of [`super::HttpSender`] (an `http://` URL without
-//! `http2_prior_knowledge`, unless `sender.http1_transport = "reqwest"`): keep-alive
+//! `http2_prior_knowledge`, unless `sender.http1_client = "reqwest"`): keep-alive
 //! connections driven by hyper's connection API, with a lock-free pool of our own.
 //!
 //! Why not reqwest here: over HTTP/1.1 a send is one request on one connection, so the

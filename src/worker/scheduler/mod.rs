@@ -1019,6 +1019,19 @@ impl Scheduler {
             self.hold_for_resume((jslot, device, attempt, first_failed), now);
             return;
         }
+        if let Some(until) = self.lane_paused(provider, now) {
+            // A job of another provider than its campaign's first (whose lane the turn
+            // checked): its own provider asked for a pause. The device waits for it.
+            let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
+            c.retries.push(Reverse(RetryItem {
+                not_before: until,
+                slot: jslot,
+                device,
+                attempt,
+                first_failed,
+            }));
+            return;
+        }
         self.lane_sent(provider);
         let job = self.jobs[jslot as usize].as_mut().expect("dispatched job");
         job.in_flight += 1;
