@@ -206,7 +206,8 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     }
     worker.shutdown().await?;
 
-    let below = feeder.below_low_watermark().unwrap_or_else(|e| {
+    // librdkafka's watermark query blocks: off the runtime's worker for it.
+    let below = tokio::task::block_in_place(|| feeder.below_low_watermark()).unwrap_or_else(|e| {
         tracing::warn!(error = %e, "the broker's low watermarks could not be read");
         Default::default()
     });

@@ -28,6 +28,11 @@ pub const LEAD: Duration = Duration::from_secs(3);
 pub const MAX_JOB_DEVICES: usize = 500;
 /// Jobs each campaign keeps ahead at the least, whatever its rate.
 const MIN_JOBS_AHEAD: usize = 2;
+/// A campaign whose deliveries have not moved for this long while it has devices in
+/// flight gets one more job: devices that are never delivered (a dead token, a job the
+/// broker dropped) would otherwise eat its lead until it stops. Several seconds, so that
+/// a worker only joining its group is not fed past the lead.
+const STALL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One campaign being fed.
 #[derive(Debug)]
@@ -41,6 +46,11 @@ struct Fed {
     jobs: usize,
     /// `None`: open-ended (until the demo is stopped).
     devices: Option<usize>,
+    /// Deliveries seen at the last top-up, and since when they have not moved.
+    delivered: u64,
+    still_since: std::time::Instant,
+    /// Devices added to the lead for deliveries that never came ([`STALL`]).
+    allowance: usize,
 }
 
 /// Produces the demo's campaigns a bounded time ahead of their deliveries.
@@ -78,6 +88,9 @@ impl Feeder {
                     produced: 0,
                     jobs: 0,
                     devices: (!open_ended).then_some(c.devices),
+                    delivered: 0,
+                    still_since: std::time::Instant::now(),
+                    allowance: 0,
                     campaign: c,
                 }
             })
@@ -104,7 +117,14 @@ impl Feeder {
             let rate = fed.campaign.send_rate.as_f64();
             let ahead =
                 ((rate * LEAD.as_secs_f64()).ceil() as usize).max(MIN_JOBS_AHEAD * fed.job_size);
-            let want = delivered(&fed.campaign.id) as usize + ahead;
+            let done = delivered(&fed.campaign.id);
+            if done != fed.delivered {
+                (fed.delivered, fed.still_since) = (done, std::time::Instant::now());
+            } else if done > 0 && fed.produced as u64 > done && fed.still_since.elapsed() >= STALL {
+                fed.allowance += fed.job_size;
+                fed.still_since = std::time::Instant::now();
+            }
+            let want = done as usize + ahead + fed.allowance;
             while fed.produced < want {
                 let end = match fed.devices {
                     Some(total) if fed.produced >= total => break,
