@@ -33,8 +33,8 @@ pub use lease::LeasedLimiter;
 pub use scope::ScopedLimiters;
 
 use crate::config::Settings;
+use crate::limiter::factory::LimiterFactory;
 use crate::limiter::{Algorithm, Clock, DynLimiter, Rate};
-use crate::worker::scheduler::LimiterFactory;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use secrecy::{ExposeSecret, SecretString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

@@ -10,8 +10,8 @@
 use super::lease::share;
 use super::{DistributedError, RedisConfig, RedisLimiterFactory};
 use crate::config::{LimiterScope, Settings};
+use crate::limiter::factory::LimiterFactory;
 use crate::limiter::{self, Algorithm, Clock, DynLimiter, Rate};
-use crate::worker::scheduler::LimiterFactory;
 use std::sync::{Arc, OnceLock};
 
 /// Local or Redis-leased limiters, per campaign.

@@ -15,6 +15,7 @@
 //! - [`build`]: the factory that makes any of them by [`Algorithm`] name.
 
 pub mod clock;
+pub mod factory;
 pub mod fixed_window;
 pub mod gcra;
 pub mod governor_adapter;

@@ -1,0 +1,164 @@
+//! The async driver: feeds the synchronous core its jobs, settings and completions,
+//! sleeps until the next instant it named, and publishes snapshots; plus the clock
+//! mapping ([`TimeBase`]) and the late-turn catch-up rule.
+
+use super::*;
+
+/// Takes up to `want` permits from `limiter` for a turn at `now`, when the limiter last
+/// named `next_at`: as of that instant and of each following one up to `now`, so that a
+/// late wake-up keeps the limiter's schedule. Of a longer stall only the last
+/// `quantum_min` is made up, and that counts what the limiter makes up by itself
+/// ([`RateLimiter::catch_up`], Redis leases): asking it as of `quantum_min` ago would
+/// add its catch-up on top, and a stall would come out as twice the burst.
+pub fn acquire_catching_up(
+    limiter: &dyn RateLimiter,
+    want: u32,
+    next_at: Option<Nanos>,
+    now: Nanos,
+    quantum_min: Nanos,
+) -> Grant {
+    let max_late = quantum_min.saturating_sub(limiter.catch_up());
+    let mut asked_at = match next_at {
+        Some(t) if t <= now => t.max(now.saturating_sub(max_late)),
+        _ => now,
+    };
+    let mut granted = 0u32;
+    loop {
+        let grant = limiter.acquire_up_to(want - granted, asked_at);
+        granted += grant.granted;
+        match grant.next_at {
+            Some(t) if t <= now && t > asked_at && granted < want => asked_at = t,
+            next_at => return Grant { granted, next_at },
+        }
+    }
+}
+
+/// Converts the scheduler's clock into tokio instants.
+#[derive(Clone)]
+pub struct TimeBase {
+    pub clock: Arc<dyn Clock>,
+    origin: tokio::time::Instant,
+    origin_nanos: Nanos,
+}
+
+impl TimeBase {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        let origin_nanos = clock.now();
+        Self {
+            clock,
+            origin: tokio::time::Instant::now(),
+            origin_nanos,
+        }
+    }
+
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    pub fn instant(&self, t: Nanos) -> tokio::time::Instant {
+        self.origin + Duration::from_nanos(t.saturating_sub(self.origin_nanos))
+    }
+}
+
+/// How often the driver publishes [`SchedulerStats`].
+// Often enough for the bench harness to time a 4 s run to a few percent; a snapshot
+// clones at most 100 campaigns' counters.
+const STATS_EVERY: Duration = Duration::from_millis(100);
+
+/// A timed wake-up this late costs every campaign about 5% of a second's sends: worth a
+/// warning (at most one per 10 s), since only the process or the machine can cause it.
+const LATE_WARNING: Duration = Duration::from_millis(50);
+
+/// Drives a [`Scheduler`] until `control` closes (the consumer is gone) and every
+/// in-flight send has finished, or until the drain deadline after shutdown.
+pub async fn run(
+    mut scheduler: Scheduler,
+    time: TimeBase,
+    mut control: mpsc::Receiver<Control>,
+    mut completions: mpsc::UnboundedReceiver<Completion>,
+    mut shutdown: crate::shutdown::Shutdown,
+    drain_timeout: Duration,
+    stats_out: tokio::sync::watch::Sender<SchedulerStats>,
+) {
+    let mut drain_deadline: Option<tokio::time::Instant> = None;
+    let mut control_open = true;
+    let mut published = tokio::time::Instant::now();
+    let mut published_marker = scheduler.change_marker();
+    let mut last_late_warning: Option<tokio::time::Instant> = None;
+    loop {
+        let now = time.now();
+        let sec = unix_now();
+        let wake = scheduler.run_round(now, sec);
+        let marker = scheduler.change_marker();
+        if published.elapsed() >= STATS_EVERY {
+            let _ = stats_out.send(scheduler.stats());
+            published = tokio::time::Instant::now();
+            published_marker = marker;
+        }
+        if let Some(deadline) = drain_deadline {
+            if scheduler.in_flight() == 0 || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+        }
+        let q = scheduler.quantum();
+        let round_end = time.instant(now) + q;
+        let mut wake_at = wake.map_or(round_end, |w| time.instant(w).min(round_end));
+        if let Some(d) = drain_deadline {
+            wake_at = wake_at.min(d);
+        }
+        // Counts not yet published go out within STATS_EVERY, also when the next round
+        // is a whole idle quantum away (the last sends of a burst).
+        if marker != published_marker {
+            wake_at = wake_at.min(published + STATS_EVERY);
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.recv(), if drain_deadline.is_none() => {
+                scheduler.drain();
+                drain_deadline = Some(tokio::time::Instant::now() + drain_timeout);
+            }
+            Some(done) = completions.recv() => {
+                scheduler.complete(done, time.now(), unix_now());
+                // Handle every completion already waiting before the next round.
+                while let Ok(done) = completions.try_recv() {
+                    scheduler.complete(done, time.now(), unix_now());
+                }
+            }
+            msg = control.recv(), if control_open => match msg {
+                Some(msg) => {
+                    apply_control(&mut scheduler, msg, &time);
+                    // Every message already waiting before the next round: a round per
+                    // job would cap intake at one job per round.
+                    while let Ok(msg) = control.try_recv() {
+                        apply_control(&mut scheduler, msg, &time);
+                    }
+                }
+                None => {
+                    control_open = false;
+                    if drain_deadline.is_none() {
+                        scheduler.drain();
+                        drain_deadline = Some(tokio::time::Instant::now() + drain_timeout);
+                    }
+                }
+            },
+            _ = tokio::time::sleep_until(wake_at) => {
+                let late = tokio::time::Instant::now().saturating_duration_since(wake_at);
+                metrics::histogram!("scheduler_wake_lateness_seconds").record(late.as_secs_f64());
+                let quiet = last_late_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+                if late >= LATE_WARNING && quiet {
+                    tracing::warn!(late_ms = late.as_millis() as u64, "the scheduler woke late: every campaign sends less this second");
+                    last_late_warning = Some(tokio::time::Instant::now());
+                }
+            }
+        }
+    }
+    let _ = stats_out.send(scheduler.stats());
+}
+
+fn apply_control(scheduler: &mut Scheduler, msg: Control, time: &TimeBase) {
+    match msg {
+        Control::Job(job) => scheduler.add_job(job, time.now()),
+        Control::Settings(s) => scheduler.apply_settings(s, time.now()),
+        Control::Revoke { partitions, done } => scheduler.start_revoke(partitions, done),
+    }
+}

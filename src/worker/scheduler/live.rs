@@ -1,0 +1,48 @@
+//! The snapshot the worker publishes for the API, metrics and tests.
+
+use super::*;
+
+/// Counters the worker exposes (read by metrics, the API and tests).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct SchedulerStats {
+    pub active_campaigns: usize,
+    pub waiting_campaigns: usize,
+    pub max_active_seen: usize,
+    pub in_flight: usize,
+    pub open_jobs: usize,
+    pub sends: u64,
+    /// Devices delivered since the worker started, over all campaigns (unlike the
+    /// per-campaign counts, this survives a campaign's release).
+    pub delivered: u64,
+    /// Devices not sent because their token is recorded invalid.
+    pub skipped_invalid: u64,
+    /// Devices not sent because they were over their frequency cap.
+    pub capped: u64,
+    /// The campaigns this worker holds (active or waiting for a slot).
+    pub campaigns: Arc<Vec<CampaignLive>>,
+    /// Each provider's lane: adaptive ceiling and its recent history.
+    pub providers: Arc<Vec<ProviderLive>>,
+}
+
+/// One campaign as the scheduler sees it; counts are cumulative since it was loaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CampaignLive {
+    pub id: Arc<str>,
+    pub rate: f64,
+    /// What it sends at: its rate, or its share when a cap or ceiling binds.
+    pub effective_rate: f64,
+    /// Its weight in that share.
+    pub weight: f64,
+    pub algorithm: Algorithm,
+    pub paused: bool,
+    /// Why it is halted, when it is (by an answer here, or in the store).
+    pub halted: Option<Arc<str>>,
+    pub active: bool,
+    pub sent: u64,
+    pub failed: u64,
+    pub retried: u64,
+    /// Tokens the provider said are dead.
+    pub invalid: u64,
+    pub in_flight: u32,
+    pub open_jobs: u32,
+}

@@ -1,0 +1,116 @@
+//! What flows into and out of the scheduler: a campaign's settings, a job from intake,
+//! the control messages, the events to intake, and a send's completion.
+
+use super::*;
+
+/// A campaign's effective settings (the store's, which win over a job's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CampaignSettings {
+    pub id: Arc<str>,
+    pub rate: Rate,
+    pub algorithm: Algorithm,
+    pub burst: u32,
+    pub paused: bool,
+    /// Halted by a provider's configuration error (status `halted`): nothing is sent
+    /// until an operator resumes it.
+    pub halted: bool,
+    /// The campaign's own limiter scope; `None`: the configured default.
+    pub limiter_scope: Option<LimiterScope>,
+    /// Its weight in a fair share under a cap (weighted max-min).
+    pub weight: f64,
+}
+
+/// A job handed over by the consumer.
+#[derive(Debug)]
+pub struct IncomingJob {
+    pub job: Arc<Job>,
+    pub partition: i32,
+    pub offset: i64,
+    /// Devices already finished in an earlier run (from job_progress).
+    pub already_done: u32,
+    /// Device indexes (ascending) after `already_done` also finished in an earlier run
+    /// (from job_progress): marked done without a send, counted nowhere.
+    pub skip_done: Vec<u32>,
+    pub settings: CampaignSettings,
+    /// Device indexes (ascending) whose tokens are recorded invalid: marked done without
+    /// a send or a permit, counted as `skipped_invalid`.
+    pub skip_invalid: Vec<u32>,
+    /// Device indexes (ascending) refused by the shared frequency cap at intake
+    /// (`capping.scope = "redis"`): marked done without a send, counted as `capped`.
+    pub skip_capped: Vec<u32>,
+    /// The job's send cursor (devices before it were dispatched), kept here for the
+    /// consumer's lookahead.
+    pub dispatched: Arc<AtomicU32>,
+}
+
+impl CampaignSettings {
+    /// An active campaign at `rate` with `algorithm`, no burst, the default scope.
+    pub fn active(id: &str, rate: Rate, algorithm: Algorithm) -> Self {
+        Self {
+            id: Arc::from(id),
+            rate,
+            algorithm,
+            burst: 0,
+            paused: false,
+            halted: false,
+            limiter_scope: None,
+            weight: 1.0,
+        }
+    }
+}
+
+impl IncomingJob {
+    /// A job seen for the first time: nothing done before, nothing to skip.
+    pub fn fresh(job: Job, partition: i32, offset: i64, settings: CampaignSettings) -> Self {
+        Self {
+            job: Arc::new(job),
+            partition,
+            offset,
+            already_done: 0,
+            skip_done: Vec::new(),
+            settings,
+            skip_invalid: Vec::new(),
+            skip_capped: Vec::new(),
+            dispatched: Default::default(),
+        }
+    }
+}
+
+/// Messages into the scheduler.
+#[derive(Debug)]
+pub enum Control {
+    Job(IncomingJob),
+    Settings(CampaignSettings),
+    /// Stop dispatching these partitions' jobs, wait for their in-flight sends, drop
+    /// them, and answer. Their unfinished devices are re-read by the next owner.
+    Revoke {
+        partitions: Vec<i32>,
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// Messages out of the scheduler, to the consumer.
+#[derive(Debug)]
+pub enum Event {
+    /// Every device of the job at (partition, offset) is finished. Its offset may be
+    /// committed once `progress` is durable (counts and progress flushed together).
+    JobFinished {
+        partition: i32,
+        offset: i64,
+        devices: u32,
+        progress: JobProgressHandle,
+    },
+}
+
+/// A finished send, from a spawned future back to the scheduler.
+#[derive(Debug)]
+pub struct Completion {
+    pub(super) slot: u32,
+    pub(super) device: u32,
+    pub(super) attempt: u32,
+    /// When its first attempt failed (0 before any failure).
+    pub(super) first_failed: Nanos,
+    pub(super) outcome: SendOutcome,
+    /// From dispatch to answer.
+    pub(super) latency_ns: u64,
+}

@@ -1,0 +1,263 @@
+//! The campaign registry: settings applied from the store, jobs taken from intake, a
+//! campaign's slot and limiter, activation within `max_active_campaigns`, and release
+//! (and forgetting) of idle campaigns.
+
+use super::*;
+
+impl Scheduler {
+    /// Applies settings from the store (rate change, pause, algorithm change).
+    pub fn apply_settings(&mut self, s: CampaignSettings, now: Nanos) {
+        self.now_hint = self.now_hint.max(now);
+        self.known.insert(s.id.clone(), (s.clone(), self.now_hint));
+        let Some(&slot) = self.by_id.get(&s.id) else {
+            return;
+        };
+        let rebuild = {
+            let c = self.campaigns[slot as usize]
+                .as_ref()
+                .expect("indexed campaign");
+            c.settings.algorithm != s.algorithm
+                || c.settings.burst != s.burst
+                || c.settings.limiter_scope != s.limiter_scope
+        };
+        let effective = self.campaigns[slot as usize]
+            .as_ref()
+            .map_or(s.rate, |c| c.effective_rate);
+        let provider = self.campaigns[slot as usize]
+            .as_ref()
+            .map_or(0, |c| c.provider);
+        let limiter = rebuild.then(|| self.build_limiter(&s, effective, provider));
+        let c = self.campaigns[slot as usize]
+            .as_mut()
+            .expect("indexed campaign");
+        if let Some(l) = limiter {
+            c.limiter = l;
+        }
+        c.next_at = None;
+        tracing::info!(campaign = %s.id, rate = %s.rate, algorithm = %s.algorithm, paused = s.paused, halted = s.halted, "campaign settings applied");
+        let (halted, paused) = (s.halted, s.paused);
+        c.settings = s;
+        self.apply_halt_settings(slot, halted, paused);
+        // The new rate (or pause) changes everyone's fair share under a global cap.
+        self.rebalance(now);
+    }
+
+    /// Takes a job from the consumer.
+    pub fn add_job(&mut self, incoming: IncomingJob, now: Nanos) {
+        let IncomingJob {
+            job,
+            partition,
+            offset,
+            already_done,
+            skip_done,
+            settings,
+            skip_invalid,
+            skip_capped,
+            dispatched,
+        } = incoming;
+        self.now_hint = self.now_hint.max(now);
+        let total = job.devices.len() as u32;
+        let campaign_id: Arc<str> = Arc::from(job.campaign_id.as_str());
+        if self.is_revoking(partition) {
+            // Revoked before it arrived: its next owner reads it again.
+            return;
+        }
+        let settings = self
+            .known
+            .get(&campaign_id)
+            .map_or(settings, |(s, _)| s.clone());
+        self.known
+            .insert(campaign_id.clone(), (settings.clone(), now));
+        let cslot = self.campaign_slot(settings, job.provider_slot);
+
+        let progress = self.stats.track_job(JobKey {
+            job_id: job.job_id.clone(),
+            campaign_id: job.campaign_id.clone(),
+            partition,
+            offset,
+            devices_total: total,
+        });
+        let already_done = already_done.min(total);
+        let mut active = ActiveJob {
+            job,
+            campaign: cslot,
+            partition,
+            offset,
+            next: already_done,
+            done: vec![0; total.div_ceil(64) as usize],
+            done_count: 0,
+            done_prefix: 0,
+            in_flight: 0,
+            progress,
+            done_ahead: 0,
+            dispatched,
+        };
+        active.dispatched.store(already_done, Ordering::Relaxed);
+        for i in 0..already_done {
+            active.mark_done(i);
+        }
+        let mut skip = |list: &[u32]| {
+            let mut skipped = 0u32;
+            for &i in list.iter().filter(|&&i| i >= already_done && i < total) {
+                if !active.is_done(i) {
+                    active.mark_done(i);
+                    active.done_ahead += 1;
+                    skipped += 1;
+                }
+            }
+            skipped
+        };
+        // Finished before: done, but not skipped now (no count, no skipped_invalid).
+        let _ = skip(&skip_done);
+        let skipped = skip(&skip_invalid);
+        let capped = skip(&skip_capped);
+        for (n, outcome) in [
+            (skipped, Outcome::SkippedInvalid),
+            (capped, Outcome::Capped),
+        ] {
+            if n > 0 {
+                if let Some(c) = self.campaigns[cslot as usize].as_ref() {
+                    c.counter.record(unix_now(), outcome, n);
+                }
+            }
+        }
+        self.counters.skipped_invalid += u64::from(skipped);
+        self.skipped_total.increment(u64::from(skipped));
+        self.counters.capped += u64::from(capped);
+        self.capped_total.increment(u64::from(capped));
+        if active.done_count == total {
+            // Finished in an earlier run: nothing to send.
+            let _ = self.events.send(Event::JobFinished {
+                partition,
+                offset,
+                devices: total,
+                progress: active.progress,
+            });
+            self.release_campaign_if_idle(cslot);
+            return;
+        }
+        let slot = match self.free_jobs.pop() {
+            Some(s) => {
+                self.jobs[s as usize] = Some(active);
+                s
+            }
+            None => {
+                self.jobs.push(Some(active));
+                (self.jobs.len() - 1) as u32
+            }
+        };
+        let c = self.campaigns[cslot as usize]
+            .as_mut()
+            .expect("campaign slot");
+        c.queue.push_back(slot);
+        c.open_jobs += 1;
+        if !c.active && !self.waiting.contains(&cslot) {
+            if self.active.len() < self.config.max_active_campaigns {
+                self.activate(cslot);
+            } else {
+                self.waiting.push_back(cslot);
+            }
+        }
+    }
+
+    /// The campaign's slot; a new campaign takes the provider of its first job (for
+    /// the provider's cap).
+    pub(super) fn campaign_slot(&mut self, settings: CampaignSettings, provider: u16) -> u32 {
+        if let Some(&s) = self.by_id.get(&settings.id) {
+            return s;
+        }
+        let limiter = self.build_limiter(&settings, settings.rate, provider);
+        let counter = self.stats.campaign(&settings.id);
+        let effective_rate = settings.rate;
+        let id = settings.id.clone();
+        let c = Campaign {
+            settings,
+            limiter,
+            queue: VecDeque::new(),
+            retries: BinaryHeap::new(),
+            in_flight: 0,
+            open_jobs: 0,
+            next_at: None,
+            counter,
+            active: false,
+            effective_rate,
+            sent: 0,
+            failed: 0,
+            retried: 0,
+            invalid: 0,
+            provider,
+            halt: None,
+            confirmed: false,
+            mismatch: answers::MismatchWindow::default(),
+        };
+        let slot = match self.campaigns.iter().position(|c| c.is_none()) {
+            Some(i) => {
+                self.campaigns[i] = Some(c);
+                i as u32
+            }
+            None => {
+                self.campaigns.push(Some(c));
+                (self.campaigns.len() - 1) as u32
+            }
+        };
+        self.by_id.insert(id, slot);
+        slot
+    }
+
+    pub(super) fn activate(&mut self, slot: u32) {
+        let c = self.campaigns[slot as usize]
+            .as_mut()
+            .expect("campaign slot");
+        c.active = true;
+        self.active.push(slot);
+        self.counters.max_active_seen = self.counters.max_active_seen.max(self.active.len());
+        tracing::info!(campaign = %c.settings.id, active = self.active.len(), "campaign active");
+        self.rebalance(self.now_hint);
+    }
+
+    /// Deactivates and forgets a campaign with no open jobs; admits a waiting one.
+    pub(super) fn release_campaign_if_idle(&mut self, slot: u32) {
+        if self.in_round {
+            if !self.deferred_release.contains(&slot) {
+                self.deferred_release.push(slot);
+            }
+            return;
+        }
+        let idle = self.campaigns[slot as usize]
+            .as_ref()
+            .is_some_and(|c| !c.has_work() && c.in_flight == 0);
+        if !idle {
+            return;
+        }
+        let c = self.campaigns[slot as usize].take().expect("campaign slot");
+        self.by_id.remove(&c.settings.id);
+        self.active.retain(|&s| s != slot);
+        self.waiting.retain(|&s| s != slot);
+        tracing::info!(campaign = %c.settings.id, "campaign idle");
+        drop(c);
+        while self.active.len() < self.config.max_active_campaigns {
+            match self.waiting.pop_front() {
+                Some(next) => self.activate(next),
+                None => break,
+            }
+        }
+        self.rebalance(self.now_hint);
+    }
+
+    /// Forgets the settings of campaigns that had no job for `forget_after`.
+    pub(super) fn sweep_known(&mut self, now: Nanos) {
+        if now.saturating_sub(self.last_sweep) < SWEEP_EVERY.as_nanos() as Nanos {
+            return;
+        }
+        self.last_sweep = now;
+        let forget = self.config.forget_after.as_nanos() as Nanos;
+        let before = self.known.len();
+        let by_id = &self.by_id;
+        self.known
+            .retain(|id, (_, used)| by_id.contains_key(id) || now.saturating_sub(*used) < forget);
+        let forgotten = before - self.known.len();
+        if forgotten > 0 {
+            tracing::debug!(forgotten, "idle campaigns forgotten");
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The rounds: the quantum, one turn per active campaign (permits, in-flight room,
+//! retries first, then the job cursor) and the dispatch of each send.
+
+use super::*;
+
+impl Scheduler {
+    /// The round's quantum: short when rates are high, long when they are low. It aims at
+    /// about 100 sends per round in total, within [quantum_min, quantum_max].
+    pub fn quantum(&self) -> Duration {
+        let total: f64 = self
+            .active
+            .iter()
+            .filter_map(|&s| self.campaigns[s as usize].as_ref())
+            .map(|c| c.settings.rate.as_f64())
+            .sum();
+        if total <= 0.0 {
+            return self.config.quantum_max;
+        }
+        Duration::from_secs_f64(100.0 / total)
+            .clamp(self.config.quantum_min, self.config.quantum_max)
+    }
+
+    /// One round: a turn for every active campaign. Returns when the scheduler next has
+    /// something to do (a limiter's next permit or a retry falling due), if sooner than
+    /// the next round.
+    pub fn run_round(&mut self, now: Nanos, unix_sec: u64) -> Option<Nanos> {
+        self.now_hint = self.now_hint.max(now);
+        self.tick_lanes(now, unix_sec);
+        self.settle_letters();
+        self.sweep_known(now);
+        let n = self.active.len();
+        // The flusher holds too many unwritten rows, or the outcomes queue is full
+        // (database down): pause, never drop.
+        let held = self.letters.back().is_some_and(|l| l.seq.is_none());
+        if n == 0 || self.draining || self.stats.backpressure() || held {
+            return self.letters_wake(now);
+        }
+        let share = (self.config.max_in_flight / n).max(1) as u32;
+        let mut next_wake: Option<Nanos> = None;
+        let start = self.rotate % n;
+        self.rotate = self.rotate.wrapping_add(1);
+        // Campaigns that go idle in this round are released after it, so that the
+        // active list does not change under the loop.
+        self.in_round = true;
+        for k in 0..n {
+            let slot = self.active[(start + k) % n];
+            if let Some(t) = self.turn(slot, share, now, unix_sec) {
+                next_wake = Some(next_wake.map_or(t, |w: Nanos| w.min(t)));
+            }
+        }
+        self.in_round = false;
+        while let Some(slot) = self.deferred_release.pop() {
+            self.release_campaign_if_idle(slot);
+        }
+        match (next_wake, self.letters_wake(now)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(super) fn turn(
+        &mut self,
+        slot: u32,
+        share: u32,
+        now: Nanos,
+        unix_sec: u64,
+    ) -> Option<Nanos> {
+        let room_total = self.config.max_in_flight.saturating_sub(self.in_flight) as u32;
+        let c = self.campaigns[slot as usize].as_mut()?;
+        if c.settings.paused || c.settings.halted || c.halt.is_some() {
+            return None;
+        }
+        if let Some(t) = c.next_at {
+            if t > now {
+                return Some(t);
+            }
+        }
+        let ready_retries = c
+            .retries
+            .iter()
+            .filter(|Reverse(r)| r.not_before <= now)
+            .count() as u32;
+        let mut undispatched: u32 = 0;
+        for &j in &c.queue {
+            if let Some(job) = self.jobs[j as usize].as_ref() {
+                undispatched = undispatched.saturating_add(job.total() - job.next - job.done_ahead);
+                if undispatched >= share {
+                    break;
+                }
+            }
+        }
+        // Its share of max_in_flight, or more while half the pool sits idle: the share
+        // only has to stop one slow campaign from starving the others.
+        let cap = share.max(room_total / 2);
+        let lane = c.provider;
+        if let Some(until) = self.lane_paused(lane, now) {
+            // The provider asked for a pause: nothing until then, in-flight sends finish.
+            return Some(until);
+        }
+        let c = self.campaigns[slot as usize].as_mut()?;
+        let provider = usize::from(c.provider);
+        let provider_room = self
+            .provider_max_in_flight
+            .get(provider)
+            .map_or(u32::MAX, |&max| {
+                max.saturating_sub(self.provider_in_flight[provider])
+            });
+        let mut room = cap
+            .saturating_sub(c.in_flight)
+            .min(room_total)
+            .min(provider_room);
+        if !c.confirmed {
+            room = room.min(PROBE_IN_FLIGHT.saturating_sub(c.in_flight));
+        }
+        let want = (ready_retries + undispatched).min(room);
+        let mut wake = c
+            .retries
+            .peek()
+            .map(|Reverse(r)| r.not_before)
+            .filter(|&t| t > now);
+        if want == 0 {
+            return wake;
+        }
+        let quantum_min = self.config.quantum_min.as_nanos() as Nanos;
+        let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, now, quantum_min);
+        let granted = grant.granted;
+        c.next_at = grant.next_at;
+        if let Some(t) = c.next_at {
+            self.limiter_wait
+                .record((t - now) as f64 / NANOS_PER_SEC as f64);
+            wake = Some(wake.map_or(t, |w| w.min(t)));
+        }
+        let mut left = granted;
+        // Retries first: they are the oldest work.
+        while left > 0 {
+            let c = self.campaigns[slot as usize].as_mut()?;
+            if c.halt.is_some() {
+                break;
+            }
+            match c.retries.peek() {
+                Some(Reverse(r)) if r.not_before <= now => {
+                    let r = c.retries.pop().expect("peeked").0;
+                    self.dispatch(
+                        slot,
+                        r.slot,
+                        r.device,
+                        (r.attempt, r.first_failed),
+                        now,
+                        unix_sec,
+                    );
+                    left -= 1;
+                }
+                _ => break,
+            }
+        }
+        while left > 0 {
+            let c = self.campaigns[slot as usize].as_mut()?;
+            if c.halt.is_some() {
+                break;
+            }
+            let Some(&jslot) = c.queue.front() else { break };
+            let job = self.jobs[jslot as usize].as_mut().expect("queued job");
+            let device = job.next;
+            job.next += 1;
+            let skipped = job.is_done(device);
+            if skipped {
+                job.done_ahead -= 1;
+            }
+            // Step over devices skipped at intake, so a finished job is never queued.
+            while job.next < job.total() && job.is_done(job.next) {
+                job.next += 1;
+                job.done_ahead -= 1;
+            }
+            job.dispatched.store(job.next, Ordering::Relaxed);
+            if job.next == job.total() {
+                c.queue.pop_front();
+            }
+            if skipped {
+                // Skipped at intake: no send, and its permit goes to the next device.
+                continue;
+            }
+            if let Some(cap) = self.capping.as_mut() {
+                if cap.check(&job.job.devices[device as usize], now) == CapDecision::Capped {
+                    // A policy outcome: finished without a send; the permit is kept.
+                    c.counter.record(unix_sec, Outcome::Capped, 1);
+                    self.counters.capped += 1;
+                    self.capped_total.increment(1);
+                    job.mark_done(device);
+                    if job.done_count == job.total() {
+                        self.finish_job(jslot);
+                    }
+                    continue;
+                }
+            }
+            self.dispatch(slot, jslot, device, (0, 0), now, unix_sec);
+            left -= 1;
+        }
+        wake
+    }
+
+    pub(super) fn dispatch(
+        &mut self,
+        cslot: u32,
+        jslot: u32,
+        device: u32,
+        (attempt, first_failed): (u32, Nanos),
+        now: Nanos,
+        unix_sec: u64,
+    ) {
+        let provider = self.jobs[jslot as usize]
+            .as_ref()
+            .map_or(0, |j| j.job.provider_slot);
+        if let Some(reason) = self.provider_halt(provider) {
+            // Its provider refused its configuration: no send, the device waits.
+            self.halt_campaign(cslot, &reason, now);
+            self.hold_for_resume((jslot, device, attempt, first_failed), now);
+            return;
+        }
+        if let Some(until) = self.lane_paused(provider, now) {
+            // A job of another provider than its campaign's first (whose lane the turn
+            // checked): its own provider asked for a pause. The device waits for it.
+            let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
+            c.retries.push(Reverse(RetryItem {
+                not_before: until,
+                slot: jslot,
+                device,
+                attempt,
+                first_failed,
+            }));
+            return;
+        }
+        self.lane_sent(provider);
+        let job = self.jobs[jslot as usize].as_mut().expect("dispatched job");
+        job.in_flight += 1;
+        if let Some(n) = self.provider_in_flight.get_mut(usize::from(provider)) {
+            *n += 1;
+        }
+        let future: SendFuture = self.providers.send(&job.job, device as usize);
+        let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
+        c.in_flight += 1;
+        self.in_flight += 1;
+        self.counters.sends += 1;
+        match future.into_ready() {
+            Ok(outcome) => self.complete(
+                Completion {
+                    slot: jslot,
+                    device,
+                    attempt,
+                    first_failed,
+                    outcome,
+                    latency_ns: 0,
+                },
+                now,
+                unix_sec,
+            ),
+            Err(pending) => {
+                let tx = self.completions.clone();
+                tokio::spawn(async move {
+                    let started = std::time::Instant::now();
+                    let outcome = pending.await;
+                    let _ = tx.send(Completion {
+                        slot: jslot,
+                        device,
+                        attempt,
+                        first_failed,
+                        outcome,
+                        latency_ns: started.elapsed().as_nanos() as u64,
+                    });
+                });
+            }
+        }
+    }
+}
