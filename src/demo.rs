@@ -82,6 +82,9 @@ const OPEN_ENDED_SIZE_S: u64 = 20;
 /// After the campaigns stop, how long the demo waits for the worker to send what was
 /// produced: [`feed::LEAD`] of sending plus the worker's own start-up and flush.
 const DRAIN_MAX: Duration = Duration::from_secs(30);
+/// The demo stops when nothing has been delivered for this long (a worker that cannot
+/// reach its broker or database): longer than a group join on the embedded broker.
+const STALLED: Duration = Duration::from_secs(30);
 /// How often the feeder tops campaigns up: well inside [`feed::LEAD`].
 const FEED_EVERY: Duration = Duration::from_millis(200);
 
@@ -272,16 +275,15 @@ fn print_dashboard(api: Option<&crate::startup::RunningApplication>, token: Opti
 }
 
 /// Feeds the campaigns and prints what the sink saw each second, until every planned
-/// device is delivered (with `--duration`), the deadline passes, or Ctrl-C.
+/// device is delivered (with `--duration`), nothing is delivered for [`STALLED`], or
+/// Ctrl-C. A slow machine takes longer than `--duration`; only a stall ends it early.
 async fn feed_and_show(
     feeder: &mut Feeder,
     sink: &SinkHandle,
     args: &DemoArgs,
     started: Instant,
 ) -> Result<(), DemoError> {
-    let deadline = args
-        .duration
-        .map(|d| started + Duration::from_secs(d * 3 + 30));
+    let (mut last_total, mut last_move) = (0u64, Instant::now());
     let mut feed = tokio::time::interval(FEED_EVERY);
     let mut show = tokio::time::interval(Duration::from_secs(1));
     show.tick().await;
@@ -301,8 +303,14 @@ async fn feed_and_show(
             }
             _ = show.tick() => {
                 let done = print_tick(feeder, sink, args, started);
-                let expired = deadline.is_some_and(|d| Instant::now() >= d);
-                if (feeder.all_produced() && done) || expired {
+                if feeder.all_produced() && done {
+                    return Ok(());
+                }
+                let total = sink.summary().distinct_delivered;
+                if total != last_total {
+                    (last_total, last_move) = (total, Instant::now());
+                } else if last_move.elapsed() >= STALLED {
+                    println!("nothing delivered for {} s: stopping", STALLED.as_secs());
                     return Ok(());
                 }
             }
