@@ -33,14 +33,7 @@ async fn start(tune: impl FnOnce(&mut MockApnsConfig)) -> (ApnsMock, Env) {
         endpoint: mock.url(),
         connections: 2,
         token_refresh: Duration::from_secs(50 * 60),
-        common: CommonSpec {
-            ca_pem: Some(ca.ca_pem().into_bytes()),
-            ca_file: None,
-            max_rate: None,
-            timeout: Duration::from_secs(10),
-            max_in_flight: 100,
-            adaptive: Some(pushpace::provider::ceiling::CeilingParams::default()),
-        },
+        common: CommonSpec::trusting(ca.ca_pem()),
     };
     let sender = ApnsSender::new(&spec).expect("sender");
     let env = Env::start("apns", ProviderKind::Apns, sender).await;

@@ -32,14 +32,7 @@ async fn fcm_tokens_are_refreshed_without_a_failed_send() {
         endpoint: mock.url(),
         connections: 2,
         token_refresh_margin: MARGIN,
-        common: CommonSpec {
-            ca_pem: Some(ca.ca_pem().into_bytes()),
-            ca_file: None,
-            max_rate: None,
-            timeout: Duration::from_secs(10),
-            max_in_flight: 100,
-            adaptive: Some(pushpace::provider::ceiling::CeilingParams::default()),
-        },
+        common: CommonSpec::trusting(ca.ca_pem()),
     };
     let env = Env::start(
         "fcm",

@@ -9,7 +9,6 @@ use pushpace::provider::settings::{CommonSpec, WebPushSpec};
 use pushpace::provider::webpush::{vapid, WebPushSender};
 use pushpace::provider::ProviderKind;
 use secrecy::SecretString;
-use std::time::Duration;
 
 /// Two payloads as producers write them: a JSON string (its contents are the message)
 /// and an object (its exact text is the message, spacing included).
@@ -28,14 +27,7 @@ async fn webpush_plaintext_decrypts_to_the_jobs_payload() {
         vapid_key_pem: SecretString::from(pem),
         vapid_subject: "mailto:ops@example.com".into(),
         vapid_lifetime: vapid::DEFAULT_LIFETIME,
-        common: CommonSpec {
-            ca_pem: Some(ca.ca_pem().into_bytes()),
-            ca_file: None,
-            max_rate: None,
-            timeout: Duration::from_secs(10),
-            max_in_flight: 100,
-            adaptive: Some(pushpace::provider::ceiling::CeilingParams::default()),
-        },
+        common: CommonSpec::trusting(ca.ca_pem()),
     };
     let sender = WebPushSender::new(&spec).expect("sender");
     let env = Env::start("webpush", ProviderKind::WebPush, sender).await;
