@@ -13,6 +13,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod lifecycle;
+
 /// The environment variable the CLI reads the admin token from.
 pub const TOKEN_ENV: &str = "PUSHPACE_ADMIN_TOKEN";
 
@@ -99,6 +101,22 @@ pub enum CampaignCommand {
     /// weight 3 it gets three times the share of a weight-1 campaign, never more than
     /// its send_rate.
     SetWeight { id: String, weight: f64 },
+    /// Sets when a campaign starts: RFC 3339 (2026-11-25T10:00:00Z), unix seconds, or
+    /// `none`. Nothing of it is sent earlier.
+    SetStart { id: String, at: String },
+    /// Sets when a campaign expires (as set-start): devices not sent by then are counted
+    /// expired, with one dead letter per job.
+    SetExpiry { id: String, at: String },
+    /// Cancels a campaign for good: the rest of it, and any job for it that comes later,
+    /// is counted cancelled and never sent. Asks first unless --yes.
+    Cancel {
+        id: String,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// A campaign's settings history: who changed what, when.
+    Events { id: String },
     /// Stops a campaign's sends; its jobs wait.
     Pause { id: String },
     /// Lets a paused or halted campaign send again (fix a halt's cause first).
@@ -156,6 +174,18 @@ pub struct CampaignOut {
     pub limiter_scope: Option<String>,
     #[serde(default = "one")]
     pub weight: f64,
+    #[serde(default)]
+    pub start_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub expired: i64,
+    #[serde(default)]
+    pub cancelled: i64,
+    #[serde(default)]
+    pub progress: Option<ProgressOut>,
+    #[serde(default)]
+    pub eta: Option<EtaOut>,
     /// Why a provider's answer halted it, while halted.
     #[serde(default)]
     pub halt_reason: Option<String>,
@@ -173,6 +203,20 @@ pub struct CampaignOut {
     pub live: Option<LiveOut>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ProgressOut {
+    pub finished: i64,
+    pub known_remaining: u64,
+    pub total: Option<u64>,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct EtaOut {
+    pub seconds: Option<f64>,
+    pub rate: f64,
+    pub basis: String,
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -243,7 +287,10 @@ impl Client {
         let mut req = self.http.request(method, &url);
         if auth {
             let token = self.token.as_deref().ok_or(CliError::NoToken)?;
-            req = req.bearer_auth(token);
+            // Named in the campaign's settings history.
+            req = req
+                .bearer_auth(token)
+                .header(crate::api::lifecycle::ACTOR_HEADER, "cli");
         }
         if let Some(body) = body {
             req = req
@@ -401,6 +448,14 @@ pub async fn run_campaign(args: &CampaignArgs, settings: &Settings) -> Result<St
                 scope_text(c.limiter_scope.as_deref())
             ))
         }
+        CampaignCommand::SetStart { id, at } => {
+            lifecycle::set_instant(&client, id, "start_at", at, json).await
+        }
+        CampaignCommand::SetExpiry { id, at } => {
+            lifecycle::set_instant(&client, id, "expires_at", at, json).await
+        }
+        CampaignCommand::Cancel { id, yes } => lifecycle::cancel(&client, id, *yes, json).await,
+        CampaignCommand::Events { id } => lifecycle::events(&client, id, json).await,
         CampaignCommand::Pause { id } | CampaignCommand::Resume { id } => {
             let action = if matches!(args.command, CampaignCommand::Pause { .. }) {
                 "pause"
@@ -522,6 +577,26 @@ fn campaign_details(c: &CampaignOut) -> String {
     kv("retried", c.retried.to_string());
     kv("invalid", c.invalid.to_string());
     kv("rejected", c.rejected.to_string());
+    kv("expired", c.expired.to_string());
+    kv("cancelled", c.cancelled.to_string());
+    let when = |t: Option<DateTime<Utc>>| t.map_or_else(|| "none".into(), |t| t.to_rfc3339());
+    kv("start_at", when(c.start_at));
+    kv("expires_at", when(c.expires_at));
+    if let (Some(p), Some(e)) = (&c.progress, &c.eta) {
+        let total = p.total.map_or_else(|| "unknown".into(), |t| t.to_string());
+        kv(
+            "progress",
+            format!(
+                "{} finished of {total}; {} known to remain",
+                p.finished, p.known_remaining
+            ),
+        );
+        let eta = e.seconds.map_or_else(
+            || "none".into(),
+            |s| format!("{s:.0} s at {}/s ({} devices)", number(e.rate), e.basis),
+        );
+        kv("eta", eta);
+    }
     kv(
         "worker",
         match &c.live {

@@ -163,16 +163,23 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     println!("provider sink listening on {}", sink.url());
     let mut sender_config = HttpSenderConfig::new(sink.url());
     sender_config.timeout = Duration::from_millis(settings.sender.timeout_ms);
-    // As `pushpace run` builds the webhook of [sender]: with the adaptive ceiling.
-    let sender = crate::provider::Providers::new(
-        vec![crate::provider::Provider {
-            name: std::sync::Arc::from("webhook"),
+    // As `pushpace run` builds the webhook of [sender]: with the adaptive ceiling. A
+    // second webhook to the same sink carries the demo's cap.
+    let webhook = |name: &str, max_rate| -> Result<crate::provider::Provider, DemoError> {
+        Ok(crate::provider::Provider {
+            name: std::sync::Arc::from(name),
             kind: crate::provider::ProviderKind::Webhook,
-            max_rate: None,
+            max_rate,
             max_in_flight: None,
             adaptive: Some(crate::provider::ceiling::CeilingParams::default()),
             sender: AnySender::Http(HttpSender::new(&sender_config)?),
-        }],
+        })
+    };
+    let sender = crate::provider::Providers::new(
+        vec![
+            webhook("webhook", None)?,
+            webhook(CAPPED, Rate::per_second(CAPPED_RATE).ok())?,
+        ],
         "webhook",
     )?;
 
@@ -186,6 +193,19 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
         plan.campaigns.clone(),
         args.duration.is_none(),
     )?;
+    if plan.campaigns.len() > WEIGHTED.1 {
+        for ci in [WEIGHTED.0, WEIGHTED.1] {
+            feeder.set_provider(ci, CAPPED);
+        }
+        println!(
+            "campaigns {} and {} share provider {CAPPED:?} capped at {CAPPED_RATE}/s, with \
+             weights 1 and {WEIGHTED_WEIGHT}: they get {}/s and {}/s",
+            plan.campaigns[WEIGHTED.0].id,
+            plan.campaigns[WEIGHTED.1].id,
+            CAPPED_RATE / (1.0 + WEIGHTED_WEIGHT),
+            CAPPED_RATE * WEIGHTED_WEIGHT / (1.0 + WEIGHTED_WEIGHT)
+        );
+    }
     let jobs = feeder.top_up(|_| 0).await?;
     println!(
         "{} campaigns; their jobs are produced as they send, {} s ahead ({jobs} jobs now)",
@@ -397,6 +417,15 @@ fn verdict(rows: &[DemoRow], embedded: bool) -> String {
     out
 }
 
+/// When the demo's scheduled campaign starts, after the run begins.
+const SCHEDULED_START_S: i64 = 30;
+/// Two campaigns at 100/s (the same place in the rates' cycle) that share a provider
+/// capped below their sum, the second with a larger weight.
+const WEIGHTED: (usize, usize) = (1, 5);
+const WEIGHTED_WEIGHT: f64 = 3.0;
+const CAPPED: &str = "capped";
+const CAPPED_RATE: f64 = 100.0;
+
 /// Creates the demo's campaigns (rates and algorithms cycling) and plans their jobs.
 async fn plan_campaigns(
     settings: &Settings,
@@ -412,10 +441,17 @@ async fn plan_campaigns(
         run_id: run_id.to_string(),
     };
     let mut algorithms = Vec::new();
-    for i in 0..args.campaigns.max(1) {
+    let n = args.campaigns.max(1);
+    for i in 0..n {
         let rate = RATES[i % RATES.len()];
         let algorithm = ALGORITHMS[i % ALGORITHMS.len()];
         let id = format!("{run_id}-c{i}-{}", rate as u64);
+        // With two or more, the last one is scheduled: the dashboard shows it waiting.
+        let start_at = (n >= 2 && i == n - 1)
+            .then(|| chrono::Utc::now() + chrono::Duration::seconds(SCHEDULED_START_S));
+        if start_at.is_some() {
+            println!("campaign {id} is scheduled: it starts {SCHEDULED_START_S} s in");
+        }
         campaigns::put(
             pool,
             &id,
@@ -424,7 +460,9 @@ async fn plan_campaigns(
                 algorithm: Some(algorithm),
                 burst: Some(0),
                 limiter_scope: None,
-                weight: None,
+                weight: (n > WEIGHTED.1 && i == WEIGHTED.1).then_some(WEIGHTED_WEIGHT),
+                start_at: start_at.map(Some),
+                expires_at: None,
             },
             &defaults,
         )

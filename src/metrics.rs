@@ -268,6 +268,11 @@ mod tests {
             invalid: 0,
             in_flight: 0,
             open_jobs: 1,
+            expired: 0,
+            cancelled: 0,
+            held_devices: 0,
+            total_devices: None,
+            waiting_start: false,
         }
     }
 

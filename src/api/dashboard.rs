@@ -12,6 +12,8 @@ use axum::Router;
 
 const INDEX: &str = include_str!("assets/index.html");
 const SCRIPT: &str = include_str!("assets/dashboard.js");
+const COMMON: &str = include_str!("assets/common.js");
+const CAMPAIGN: &str = include_str!("assets/campaign.js");
 const STYLE: &str = include_str!("assets/dashboard.css");
 const UPLOT_JS: &str = include_str!("assets/uPlot.iife.min.js");
 const UPLOT_CSS: &str = include_str!("assets/uPlot.min.css");
@@ -41,6 +43,14 @@ pub(super) fn routes() -> Router<AppState> {
         .route(
             "/assets/dashboard.js",
             get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
+        )
+        .route(
+            "/assets/common.js",
+            get(|| async { asset("text/javascript; charset=utf-8", COMMON) }),
+        )
+        .route(
+            "/assets/campaign.js",
+            get(|| async { asset("text/javascript; charset=utf-8", CAMPAIGN) }),
         )
         .route(
             "/assets/dashboard.css",

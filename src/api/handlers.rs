@@ -2,6 +2,7 @@
 //! value is a 422 naming its field before any SQL runs.
 
 use super::error::ApiError;
+use super::lifecycle::{self, Eta, Progress, WorkerCounts};
 use super::{AppState, CampaignId};
 use crate::limiter::Algorithm;
 use crate::store::campaigns::{self, CampaignPatch, CampaignStatus, CampaignSummary};
@@ -224,6 +225,12 @@ pub struct LiveView {
     pub retried: u64,
     pub in_flight: u32,
     pub open_jobs: u32,
+    /// Devices of its jobs held in memory, not finished.
+    pub held_devices: u64,
+    /// Devices in its parked jobs.
+    pub parked_devices: u64,
+    /// Its start_at is still ahead.
+    pub waiting_start: bool,
 }
 
 impl From<&CampaignLive> for LiveView {
@@ -240,6 +247,9 @@ impl From<&CampaignLive> for LiveView {
             retried: c.retried,
             in_flight: c.in_flight,
             open_jobs: c.open_jobs,
+            held_devices: c.held_devices,
+            parked_devices: 0,
+            waiting_start: c.waiting_start,
         }
     }
 }
@@ -251,36 +261,71 @@ pub struct CampaignView {
     pub summary: CampaignSummary,
     /// Whether this worker holds a slot for it now.
     pub active: bool,
+    /// Its start_at is still ahead.
+    pub scheduled: bool,
     pub live: Option<LiveView>,
+    pub progress: Progress,
+    pub eta: Eta,
 }
 
-fn view(summary: CampaignSummary, live: &[CampaignLive]) -> CampaignView {
-    let live = live
+/// What the worker publishes: its campaigns and the devices each has parked.
+struct Live {
+    campaigns: std::sync::Arc<Vec<CampaignLive>>,
+    parked: std::sync::Arc<Vec<(std::sync::Arc<str>, u64)>>,
+}
+
+fn view(summary: CampaignSummary, live: &Live, now: DateTime<Utc>) -> CampaignView {
+    let id = &*summary.campaign.id;
+    let parked = live
+        .parked
         .iter()
-        .find(|c| *c.id == *summary.campaign.id)
-        .map(LiveView::from);
+        .find(|(c, _)| &**c == id)
+        .map_or(0, |(_, n)| *n);
+    let found = live.campaigns.iter().find(|c| &*c.id == id);
+    let counts = WorkerCounts {
+        held: found.map_or(0, |c| c.held_devices),
+        parked,
+        total: found.and_then(|c| c.total_devices),
+        effective_rate: found.map(|c| c.effective_rate),
+        waiting_start: found.is_some_and(|c| c.waiting_start),
+    };
+    let (progress, eta) = lifecycle::progress(&summary, counts);
+    let live = found.map(|c| LiveView {
+        parked_devices: parked,
+        ..LiveView::from(c)
+    });
     CampaignView {
         active: live.as_ref().is_some_and(|l| l.active),
+        scheduled: summary.campaign.start_at.is_some_and(|t| t > now),
         live,
+        progress,
+        eta,
         summary,
     }
 }
 
-fn live_campaigns(state: &AppState) -> std::sync::Arc<Vec<CampaignLive>> {
-    state.worker().map(|w| w.campaigns()).unwrap_or_default()
+fn live_campaigns(state: &AppState) -> Live {
+    Live {
+        campaigns: state.worker().map(|w| w.campaigns()).unwrap_or_default(),
+        parked: state
+            .worker()
+            .map(|w| w.parked_devices())
+            .unwrap_or_default(),
+    }
 }
 
 pub async fn list_campaigns(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<CampaignView>>, ApiError> {
-    let summaries = campaigns::list(state.pool(), Utc::now()).await?;
+    let now = Utc::now();
+    let summaries = campaigns::list(state.pool(), now).await?;
     let live = live_campaigns(&state);
     Ok(Json(
-        summaries.into_iter().map(|s| view(s, &live)).collect(),
+        summaries.into_iter().map(|s| view(s, &live, now)).collect(),
     ))
 }
 
-async fn load_view(state: &AppState, id: &str) -> Result<CampaignView, ApiError> {
+pub(super) async fn load_view(state: &AppState, id: &str) -> Result<CampaignView, ApiError> {
     let campaign = campaigns::get(state.pool(), id)
         .await?
         .ok_or_else(|| ApiError::CampaignNotFound(id.to_string()))?;
@@ -296,9 +341,11 @@ async fn load_view(state: &AppState, id: &str) -> Result<CampaignView, ApiError>
         retried: totals.retried,
         invalid: totals.invalid,
         rejected: totals.rejected,
+        expired: totals.expired,
+        cancelled: totals.cancelled,
         rate_10s,
     };
-    Ok(view(summary, &live_campaigns(state)))
+    Ok(view(summary, &live_campaigns(state), Utc::now()))
 }
 
 pub async fn get_campaign(
@@ -371,10 +418,13 @@ pub fn parse_patch(body: &[u8]) -> Result<CampaignPatch, ApiError> {
                 campaigns::validate_weight(weight)?;
                 patch.weight = Some(weight);
             }
+            "start_at" => patch.start_at = Some(lifecycle::instant_field("start_at", &v)?),
+            "expires_at" => patch.expires_at = Some(lifecycle::instant_field("expires_at", &v)?),
             other => {
                 return Err(ApiError::invalid(
                     other,
-                    "unknown field; expected send_rate, algorithm, burst, limiter_scope or weight",
+                    "unknown field; expected send_rate, algorithm, burst, limiter_scope, \
+                     weight, start_at or expires_at",
                 ))
             }
         }
@@ -397,12 +447,15 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
 pub async fn put_campaign(
     State(state): State<AppState>,
     CampaignId(id): CampaignId,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<CampaignView>), ApiError> {
     campaigns::validate_id(&id)?;
+    let who = lifecycle::actor(&headers)?;
     let patch = parse_patch(&body_bytes(body)?)?;
     let existed = campaigns::get(state.pool(), &id).await?.is_some();
-    let campaign = campaigns::put(state.pool(), &id, &patch, &state.inner.defaults).await?;
+    let campaign =
+        campaigns::put_by(state.pool(), &id, &patch, &state.inner.defaults, Some(&who)).await?;
     tracing::info!(
         campaign = %campaign.id,
         send_rate = campaign.send_rate,
@@ -424,8 +477,10 @@ async fn set_status(
     state: &AppState,
     id: &str,
     status: CampaignStatus,
+    headers: &axum::http::HeaderMap,
 ) -> Result<Json<CampaignView>, ApiError> {
-    let campaign = campaigns::set_status(state.pool(), id, status).await?;
+    let who = lifecycle::actor(headers)?;
+    let campaign = campaigns::set_status_by(state.pool(), id, status, Some(&who)).await?;
     tracing::info!(campaign = %campaign.id, status = %campaign.status, "campaign status changed through the API");
     Ok(Json(load_view(state, id).await?))
 }
@@ -433,15 +488,17 @@ async fn set_status(
 pub async fn pause(
     State(state): State<AppState>,
     CampaignId(id): CampaignId,
+    headers: axum::http::HeaderMap,
 ) -> Result<Json<CampaignView>, ApiError> {
-    set_status(&state, &id, CampaignStatus::Paused).await
+    set_status(&state, &id, CampaignStatus::Paused, &headers).await
 }
 
 pub async fn resume(
     State(state): State<AppState>,
     CampaignId(id): CampaignId,
+    headers: axum::http::HeaderMap,
 ) -> Result<Json<CampaignView>, ApiError> {
-    set_status(&state, &id, CampaignStatus::Active).await
+    set_status(&state, &id, CampaignStatus::Active, &headers).await
 }
 
 fn params(p: Params, known: &[&str]) -> Result<HashMap<String, String>, ApiError> {
@@ -467,13 +524,15 @@ fn timestamp(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
 }
 
 /// `?from=&to=` (RFC 3339), or `?last=5m` ending now; `to` defaults to now and `from`
-/// to five minutes before `to`.
+/// to five minutes before `to`. `?step=` (1–3600 s) sums the seconds into buckets; without
+/// it a range longer than 600 s gets the step that keeps it within 600 points. The step
+/// used is in the `x-series-step` header.
 pub async fn series(
     State(state): State<AppState>,
     CampaignId(id): CampaignId,
     query: Params,
-) -> Result<Json<Vec<delivery::Point>>, ApiError> {
-    let q = params(query, &["from", "to", "last"])?;
+) -> Result<impl IntoResponse, ApiError> {
+    let q = params(query, &["from", "to", "last", "step"])?;
     if campaigns::get(state.pool(), &id).await?.is_none() {
         return Err(ApiError::CampaignNotFound(id));
     }
@@ -502,7 +561,24 @@ pub async fn series(
             format!("the range starts ({from}) after it ends ({to})"),
         ));
     }
-    Ok(Json(delivery::series(state.pool(), &id, from, to).await?))
+    let step = match q.get("step") {
+        None => delivery::auto_step(from, to),
+        Some(raw) => raw
+            .parse::<i64>()
+            .ok()
+            .filter(|s| (1..=delivery::MAX_STEP_S).contains(s))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "step",
+                    format!(
+                        "must be a whole number of seconds from 1 to {}",
+                        delivery::MAX_STEP_S
+                    ),
+                )
+            })?,
+    };
+    let points = delivery::series_downsampled(state.pool(), &id, from, to, step).await?;
+    Ok(([("x-series-step", step.to_string())], Json(points)))
 }
 
 /// A dead letter as `GET /api/dead-letters` lists it. The message and the key are shown

@@ -3,7 +3,8 @@
 //! - `GET /healthz`, `GET /readyz` (broker, PostgreSQL, migrations, each by name);
 //! - `GET /metrics`: Prometheus text ([`crate::metrics`]);
 //! - `GET /api/campaigns`, `GET|PUT /api/campaigns/{id}`,
-//!   `POST /api/campaigns/{id}/pause|resume`, `GET /api/campaigns/{id}/series`;
+//!   `POST /api/campaigns/{id}/pause|resume|cancel`, `GET /api/campaigns/{id}/series`,
+//!   `GET /api/campaigns/{id}/events` (its settings history);
 //! - `GET /api/dead-letters` (admin token: it holds device tokens and payloads);
 //! - `GET /`: the dashboard, its script and the vendored uPlot, all built into the binary.
 //!
@@ -23,7 +24,9 @@ pub mod auth;
 mod dashboard;
 pub mod error;
 mod handlers;
+pub mod lifecycle;
 mod providers;
+mod summary;
 
 pub use error::ApiError;
 
@@ -66,6 +69,11 @@ impl WorkerView {
     /// The campaigns the worker holds now (active or waiting for a slot).
     pub fn campaigns(&self) -> Arc<Vec<CampaignLive>> {
         self.scheduler.borrow().campaigns.clone()
+    }
+
+    /// Devices in each campaign's parked jobs.
+    pub fn parked_devices(&self) -> Arc<Vec<(Arc<str>, u64)>> {
+        self.consumer.borrow().parked_devices.clone()
     }
 
     /// Each provider's lane: adaptive ceiling, state and recent history.
@@ -169,6 +177,7 @@ pub fn router(state: AppState, hosts: auth::AllowedHosts) -> Router {
         )
         .route("/api/campaigns/{id}/pause", post(handlers::pause))
         .route("/api/campaigns/{id}/resume", post(handlers::resume))
+        .route("/api/campaigns/{id}/cancel", post(lifecycle::cancel))
         .route("/api/dead-letters", get(handlers::dead_letters))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -181,7 +190,9 @@ pub fn router(state: AppState, hosts: auth::AllowedHosts) -> Router {
         .route("/api/campaigns", get(handlers::list_campaigns))
         .route("/api/campaigns/{id}", get(handlers::get_campaign))
         .route("/api/campaigns/{id}/series", get(handlers::series))
+        .route("/api/campaigns/{id}/events", get(lifecycle::list_events))
         .route("/api/providers", get(providers::list))
+        .route("/api/summary", get(summary::get))
         .merge(guarded)
         .merge(dashboard::routes())
         .fallback(handlers::no_route)

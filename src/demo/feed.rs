@@ -51,6 +51,8 @@ struct Fed {
     still_since: std::time::Instant,
     /// Devices added to the lead for deliveries that never came ([`STALL`]).
     allowance: usize,
+    /// The provider its jobs name (`None`: the default).
+    provider: Option<String>,
 }
 
 /// Produces the demo's campaigns a bounded time ahead of their deliveries.
@@ -91,6 +93,7 @@ impl Feeder {
                     delivered: 0,
                     still_since: std::time::Instant::now(),
                     allowance: 0,
+                    provider: None,
                     campaign: c,
                 }
             })
@@ -143,6 +146,13 @@ impl Feeder {
             self.written.push((partition, offset, ci, devices));
         }
         Ok(n)
+    }
+
+    /// Has the jobs of campaign `ci` name `provider`.
+    pub fn set_provider(&mut self, ci: usize, provider: &str) {
+        if let Some(fed) = self.campaigns.get_mut(ci) {
+            fed.provider = Some(provider.to_string());
+        }
     }
 
     /// Stops open-ended campaigns where they are: what was produced is what they have.
@@ -240,4 +250,5 @@ fn job(
     )
     .expect("generated jobs follow the job rules")
     .with_send_rate(c.send_rate)
+    .with_provider(fed.provider.clone())
 }

@@ -4,6 +4,7 @@
 //! error is recorded (with its path) in a slot, because serde errors carry only text.
 
 use super::devices::DevicesSeed;
+use super::lifecycle::{self, Lifecycle};
 use super::options::{self, Scalar};
 use super::{check_id, check_payload, echo, Job, JobError, PushOptions};
 use crate::limiter::{Algorithm, Rate, RateError};
@@ -74,11 +75,14 @@ enum Field {
     Expiration,
     TtlS,
     PushType,
+    NotBefore,
+    ExpiresAt,
+    CampaignTotalDevices,
     Other,
 }
 
 impl Field {
-    const NAMED: [(Field, &'static str); 12] = [
+    const NAMED: [(Field, &'static str); 15] = [
         (Field::JobId, "job_id"),
         (Field::CampaignId, "campaign_id"),
         (Field::SendRate, "send_rate"),
@@ -91,6 +95,9 @@ impl Field {
         (Field::Expiration, "expiration"),
         (Field::TtlS, "ttl_s"),
         (Field::PushType, "push_type"),
+        (Field::NotBefore, "not_before"),
+        (Field::ExpiresAt, "expires_at"),
+        (Field::CampaignTotalDevices, "campaign_total_devices"),
     ];
 
     fn name(self) -> &'static str {
@@ -168,7 +175,7 @@ impl<'de> Visitor<'de> for JobSeed<'_> {
 /// The fields read so far.
 #[derive(Default)]
 struct Parts {
-    seen: [bool; 12],
+    seen: [bool; 15],
     job_id: Option<String>,
     campaign_id: Option<String>,
     send_rate: Option<Rate>,
@@ -177,6 +184,7 @@ struct Parts {
     payload: Option<Box<RawValue>>,
     provider: Option<String>,
     options: PushOptions,
+    lifecycle: Lifecycle,
 }
 
 impl Parts {
@@ -251,6 +259,11 @@ impl Parts {
             Field::Expiration => o.expiration = Some(options::expiration(v)?),
             Field::TtlS => o.ttl_s = Some(options::ttl_s(v)?),
             Field::PushType => o.push_type = Some(options::push_type(v)?),
+            Field::NotBefore => self.lifecycle.not_before_ms = Some(lifecycle::instant(v)?),
+            Field::ExpiresAt => self.lifecycle.expires_at_ms = Some(lifecycle::instant(v)?),
+            Field::CampaignTotalDevices => {
+                self.lifecycle.campaign_total_devices = Some(lifecycle::total_devices(v)?)
+            }
             _ => {}
         }
         Ok(())
@@ -290,6 +303,14 @@ impl Parts {
                 || "give expiration or ttl_s, not both".into(),
             ));
         }
+        if let Err((field, problem)) = self.lifecycle.check() {
+            return Err(fail(slot, || field.into(), || problem));
+        }
+        let mut options = self.options;
+        if options.expiration.is_none() && options.ttl_s.is_none() {
+            // The provider drops it too when it could not deliver in time.
+            options.expiration = self.lifecycle.expires_at_ms.map(|ms| ms.div_euclid(1000));
+        }
         Ok(Job {
             job_id,
             campaign_id,
@@ -299,7 +320,8 @@ impl Parts {
             payload,
             provider: self.provider,
             provider_slot: 0,
-            options: self.options,
+            options,
+            lifecycle: self.lifecycle,
         })
     }
 }

@@ -15,10 +15,12 @@
 
 mod decode;
 mod devices;
+mod lifecycle;
 mod options;
 pub mod provider_rules;
 
 pub use devices::{Subscription, SubscriptionKeys};
+pub use lifecycle::{Lifecycle, MAX_CAMPAIGN_TOTAL, MAX_UNIX_S};
 pub use options::{
     check_provider_name, Priority, PushOptions, PushType, MAX_COLLAPSE_ID_BYTES, MAX_PROVIDER_NAME,
     MAX_TTL_S,
@@ -77,6 +79,8 @@ pub struct Job {
     pub provider_slot: u16,
     /// Optional headers for the provider.
     pub options: PushOptions,
+    /// Start, expiry and the campaign's stated size.
+    pub lifecycle: Lifecycle,
 }
 
 impl PartialEq for Job {
@@ -89,6 +93,7 @@ impl PartialEq for Job {
             && self.payload.get() == other.payload.get()
             && self.provider == other.provider
             && self.options == other.options
+            && self.lifecycle == other.lifecycle
     }
 }
 
@@ -225,12 +230,19 @@ impl Job {
             provider: None,
             provider_slot: 0,
             options: PushOptions::default(),
+            lifecycle: Lifecycle::default(),
         })
     }
 
     /// Sets the optional send rate.
     pub fn with_send_rate(mut self, rate: Rate) -> Self {
         self.send_rate = Some(rate);
+        self
+    }
+
+    /// Names the provider (`None`: `sender.default_provider`).
+    pub fn with_provider(mut self, provider: Option<String>) -> Self {
+        self.provider = provider;
         self
     }
 
@@ -264,6 +276,7 @@ impl Job {
             out.push(b'"');
         }
         self.write_options(out);
+        self.lifecycle.write_json(out);
         out.extend_from_slice(b",\"devices\":[");
         for (i, token) in self.devices.iter().enumerate() {
             if i > 0 {

@@ -97,7 +97,7 @@ pub(super) enum Scalar {
 }
 
 impl Scalar {
-    fn type_name(&self) -> &'static str {
+    pub(super) fn type_name(&self) -> &'static str {
         match self {
             Scalar::Str(_) => "a string",
             Scalar::Int(_) | Scalar::Float(_) => "a number",

@@ -47,10 +47,14 @@ pub enum Outcome {
     Invalid = 5,
     /// The provider refused it for good, for this device only (dead-lettered).
     Rejected = 6,
+    /// Not sent by its campaign's or job's `expires_at` (one dead letter per job).
+    Expired = 7,
+    /// Not sent: its campaign was cancelled.
+    Cancelled = 8,
 }
 
 /// How many [`Outcome`]s there are (one counter word each).
-pub const OUTCOMES: usize = 7;
+pub const OUTCOMES: usize = 9;
 
 /// Seconds since the Unix epoch (0 for a time before it).
 #[inline]
@@ -305,8 +309,14 @@ mod tests {
         a.record(1_700_000_001, Outcome::Retried, 7);
         a.record(1_700_000_000, Outcome::Sent, 0);
         let got = drained(&recorder);
-        assert_eq!(got[&("a".into(), 1_700_000_000)], [3, 1, 0, 0, 0, 0, 0]);
-        assert_eq!(got[&("a".into(), 1_700_000_001)], [2, 0, 7, 0, 0, 0, 0]);
+        assert_eq!(
+            got[&("a".into(), 1_700_000_000)],
+            [3, 1, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            got[&("a".into(), 1_700_000_001)],
+            [2, 0, 7, 0, 0, 0, 0, 0, 0]
+        );
         assert_eq!(got.len(), 2);
         assert!(
             drained(&recorder).is_empty(),
@@ -325,14 +335,14 @@ mod tests {
         // A writer whose clock is behind finds a newer lap there.
         a.record(1000 - RING_SECONDS, Outcome::Sent, 2);
         let got = drained(&recorder);
-        assert_eq!(got[&("a".into(), 1000)], [5, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(got[&("a".into(), 1000)], [5, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(
             got[&("a".into(), 1000 + RING_SECONDS)],
-            [8, 0, 0, 0, 0, 0, 0]
+            [8, 0, 0, 0, 0, 0, 0, 0, 0]
         );
         assert_eq!(
             got[&("a".into(), 1000 - RING_SECONDS)],
-            [2, 0, 0, 0, 0, 0, 0]
+            [2, 0, 0, 0, 0, 0, 0, 0, 0]
         );
     }
 
@@ -348,7 +358,7 @@ mod tests {
         assert_eq!(got[&("a".into(), 5)][0], 100 * u64::from(u32::MAX));
         assert_eq!(
             got[&("a".into(), u64::from(u32::MAX) + 10)],
-            [0, 4, 0, 0, 0, 0, 0]
+            [0, 4, 0, 0, 0, 0, 0, 0, 0]
         );
     }
 

@@ -472,6 +472,8 @@ impl Flusher {
             .bind(&after)
             .bind(column(5))
             .bind(column(6))
+            .bind(column(7))
+            .bind(column(8))
             .execute(&self.inner.pool)
             .await?;
         Ok(())
@@ -503,12 +505,14 @@ WITH marker AS (
     DELETE FROM stats_flushes WHERE flusher_id = $1 AND seq < $2
 ), seconds AS (
     INSERT INTO delivery_seconds AS d
-        (campaign_id, second, sent, failed, retried, skipped_invalid, capped, invalid, rejected)
+        (campaign_id, second, sent, failed, retried, skipped_invalid, capped, invalid, rejected,
+         expired, cancelled)
     SELECT u.campaign_id, u.second, u.sent, u.failed, u.retried, u.skipped_invalid, u.capped,
-           u.invalid, u.rejected
+           u.invalid, u.rejected, u.expired, u.cancelled
     FROM UNNEST($3::text[], $4::timestamptz[], $5::int8[], $6::int8[], $7::int8[], $8::int8[],
-                $9::int8[], $17::int8[], $18::int8[])
-        AS u(campaign_id, second, sent, failed, retried, skipped_invalid, capped, invalid, rejected)
+                $9::int8[], $17::int8[], $18::int8[], $19::int8[], $20::int8[])
+        AS u(campaign_id, second, sent, failed, retried, skipped_invalid, capped, invalid, rejected,
+             expired, cancelled)
     WHERE EXISTS (SELECT 1 FROM marker)
     ON CONFLICT (campaign_id, second) DO UPDATE SET
         sent = d.sent + EXCLUDED.sent,
@@ -517,7 +521,9 @@ WITH marker AS (
         skipped_invalid = d.skipped_invalid + EXCLUDED.skipped_invalid,
         capped = d.capped + EXCLUDED.capped,
         invalid = d.invalid + EXCLUDED.invalid,
-        rejected = d.rejected + EXCLUDED.rejected
+        rejected = d.rejected + EXCLUDED.rejected,
+        expired = d.expired + EXCLUDED.expired,
+        cancelled = d.cancelled + EXCLUDED.cancelled
 ), progress AS (
     INSERT INTO job_progress AS p
         (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, done_after,

@@ -30,6 +30,9 @@ pub enum CampaignStatus {
     /// Stopped by a configuration error its provider reported (`halt_reason`); its jobs
     /// wait, as when paused, until an operator resumes it.
     Halted,
+    /// Stopped for good by an operator: the rest of its devices, and of any job that
+    /// comes later, are counted `cancelled` and never sent. Final.
+    Cancelled,
 }
 
 impl CampaignStatus {
@@ -39,6 +42,7 @@ impl CampaignStatus {
             CampaignStatus::Paused => "paused",
             CampaignStatus::Done => "done",
             CampaignStatus::Halted => "halted",
+            CampaignStatus::Cancelled => "cancelled",
         }
     }
 }
@@ -58,9 +62,13 @@ impl std::str::FromStr for CampaignStatus {
             "paused" => Ok(CampaignStatus::Paused),
             "done" => Ok(CampaignStatus::Done),
             "halted" => Ok(CampaignStatus::Halted),
+            "cancelled" => Ok(CampaignStatus::Cancelled),
             other => Err(StoreError::invalid(
                 "status",
-                format!("unknown status {other:?}; expected one of active, paused, done, halted"),
+                format!(
+                    "unknown status {other:?}; expected one of active, paused, done, halted, \
+                     cancelled"
+                ),
             )),
         }
     }
@@ -86,6 +94,12 @@ pub struct Campaign {
     /// Its weight in a fair share under a cap (0.01–100, default 1).
     #[serde(default = "default_weight")]
     pub weight: f64,
+    /// Nothing of it is sent before this instant.
+    #[serde(default)]
+    pub start_at: Option<DateTime<Utc>>,
+    /// Devices not sent by this instant are counted `expired`.
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -148,6 +162,12 @@ pub struct CampaignPatch {
     #[serde(default, deserialize_with = "present")]
     pub limiter_scope: Option<Option<LimiterScope>>,
     pub weight: Option<f64>,
+    /// `None`: keep; `Some(None)`: clear; `Some(Some(t))`: set.
+    #[serde(default, deserialize_with = "present")]
+    pub start_at: Option<Option<DateTime<Utc>>>,
+    /// As `start_at`.
+    #[serde(default, deserialize_with = "present")]
+    pub expires_at: Option<Option<DateTime<Utc>>>,
 }
 
 /// A field that is present, even as `null`, is `Some` (serde maps a missing one to the
@@ -172,6 +192,10 @@ pub struct CampaignSummary {
     pub invalid: i64,
     /// Devices the provider refused for good.
     pub rejected: i64,
+    /// Not sent by its expiry.
+    pub expired: i64,
+    /// Not sent: the campaign was cancelled.
+    pub cancelled: i64,
     /// Mean sends per second over the 10 complete seconds before `now`.
     pub rate_10s: f64,
 }
@@ -209,7 +233,7 @@ pub fn validate_burst(burst: i64) -> Result<i32, StoreError> {
 }
 
 const COLUMNS: &str = "id, send_rate, algorithm, burst, status, limiter_scope, halt_reason, \
-                       halted_at, weight, created_at, updated_at";
+                       halted_at, weight, start_at, expires_at, created_at, updated_at";
 
 #[derive(sqlx::FromRow)]
 struct CampaignRow {
@@ -222,6 +246,8 @@ struct CampaignRow {
     halt_reason: Option<String>,
     halted_at: Option<DateTime<Utc>>,
     weight: f64,
+    start_at: Option<DateTime<Utc>>,
+    expires_at: Option<DateTime<Utc>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -260,6 +286,8 @@ impl TryFrom<CampaignRow> for Campaign {
             halt_reason: row.halt_reason,
             halted_at: row.halted_at,
             weight: row.weight,
+            start_at: row.start_at,
+            expires_at: row.expires_at,
             created_at: row.created_at,
             updated_at: row.updated_at,
         })
@@ -303,13 +331,62 @@ pub async fn upsert_from_job(
     }
 }
 
-/// Creates or updates a campaign from the API. Given fields are set; missing ones keep
-/// their stored value, or take `defaults` for a new campaign.
+/// Creates or updates a campaign. Given fields are set; missing ones keep their stored
+/// value, or take `defaults` for a new campaign. Its `campaign_events` name no actor
+/// (recorded as `worker`): the API uses [`put_by`].
 pub async fn put(
     pool: &PgPool,
     id: &str,
     patch: &CampaignPatch,
     defaults: &CampaignDefaults,
+) -> Result<Campaign, StoreError> {
+    put_by(pool, id, patch, defaults, None).await
+}
+
+/// The longest actor name recorded in `campaign_events`.
+pub const MAX_ACTOR_CHARS: usize = 64;
+
+/// Checks an actor name: 1–64 characters from `[A-Za-z0-9._:@-]`.
+pub fn validate_actor(actor: &str) -> Result<(), StoreError> {
+    let ok = !actor.is_empty()
+        && actor.chars().count() <= MAX_ACTOR_CHARS
+        && actor
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._:@-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::invalid(
+            "actor",
+            format!("must be 1–{MAX_ACTOR_CHARS} characters from [A-Za-z0-9._:@-]"),
+        ))
+    }
+}
+
+/// Starts a transaction whose `campaign_events` rows name `actor`.
+async fn as_actor(
+    pool: &PgPool,
+    actor: Option<&str>,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
+    if let Some(actor) = actor {
+        validate_actor(actor)?;
+        sqlx::query("SELECT set_config('pushpace.actor', $1, true)")
+            .bind(actor)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(tx)
+}
+
+/// [`put`], recording `actor` in the campaign's events. A cancelled campaign keeps its
+/// settings: cancel is final.
+pub async fn put_by(
+    pool: &PgPool,
+    id: &str,
+    patch: &CampaignPatch,
+    defaults: &CampaignDefaults,
+    actor: Option<&str>,
 ) -> Result<Campaign, StoreError> {
     validate_id(id)?;
     let send_rate = patch
@@ -324,16 +401,21 @@ pub async fn put(
     let set_scope = patch.limiter_scope.is_some();
     let scope = patch.limiter_scope.flatten().map(LimiterScope::as_str);
     let weight = patch.weight.map(validate_weight).transpose()?;
-    let row: CampaignRow = sqlx::query_as(&format!(
-        "INSERT INTO campaigns (id, send_rate, algorithm, burst, limiter_scope, weight) \
+    let mut tx = as_actor(pool, actor).await?;
+    let row: Option<CampaignRow> = sqlx::query_as(&format!(
+        "INSERT INTO campaigns (id, send_rate, algorithm, burst, limiter_scope, weight, \
+                                start_at, expires_at) \
          VALUES ($1, COALESCE($2, $5), COALESCE($3, $6), COALESCE($4, $7), $9, \
-                 COALESCE($10, 1)) \
+                 COALESCE($10, 1), $12, $14) \
          ON CONFLICT (id) DO UPDATE SET \
              send_rate = COALESCE($2, campaigns.send_rate), \
              algorithm = COALESCE($3, campaigns.algorithm), \
              burst = COALESCE($4, campaigns.burst), \
              limiter_scope = CASE WHEN $8 THEN $9 ELSE campaigns.limiter_scope END, \
-             weight = COALESCE($10, campaigns.weight) \
+             weight = COALESCE($10, campaigns.weight), \
+             start_at = CASE WHEN $11 THEN $12 ELSE campaigns.start_at END, \
+             expires_at = CASE WHEN $13 THEN $14 ELSE campaigns.expires_at END \
+         WHERE campaigns.status <> 'cancelled' \
          RETURNING {COLUMNS}"
     ))
     .bind(id)
@@ -346,9 +428,24 @@ pub async fn put(
     .bind(set_scope)
     .bind(scope)
     .bind(weight)
-    .fetch_one(pool)
+    .bind(patch.start_at.is_some())
+    .bind(patch.start_at.flatten())
+    .bind(patch.expires_at.is_some())
+    .bind(patch.expires_at.flatten())
+    .fetch_optional(&mut *tx)
     .await?;
-    row.try_into()
+    tx.commit().await?;
+    match row {
+        Some(row) => row.try_into(),
+        None => Err(cancelled_is_final(id)),
+    }
+}
+
+fn cancelled_is_final(id: &str) -> StoreError {
+    StoreError::invalid(
+        "status",
+        format!("campaign {id:?} is cancelled, and cancel is final; nothing of it can change"),
+    )
 }
 
 /// Sets a campaign's status.
@@ -357,19 +454,38 @@ pub async fn set_status(
     id: &str,
     status: CampaignStatus,
 ) -> Result<Campaign, StoreError> {
+    set_status_by(pool, id, status, None).await
+}
+
+/// [`set_status`], recording `actor` in the campaign's events. A cancelled campaign
+/// stays cancelled (cancelling it again changes nothing).
+pub async fn set_status_by(
+    pool: &PgPool,
+    id: &str,
+    status: CampaignStatus,
+    actor: Option<&str>,
+) -> Result<Campaign, StoreError> {
+    let mut tx = as_actor(pool, actor).await?;
     // Any status set by an operator ends a halt: its reason goes with it.
     let row: Option<CampaignRow> = sqlx::query_as(&format!(
         "UPDATE campaigns SET status = $2, \
              halt_reason = CASE WHEN $2 = 'halted' THEN halt_reason END, \
              halted_at = CASE WHEN $2 = 'halted' THEN halted_at END \
-         WHERE id = $1 RETURNING {COLUMNS}"
+         WHERE id = $1 AND status <> 'cancelled' RETURNING {COLUMNS}"
     ))
     .bind(id)
     .bind(status.as_str())
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
-    row.ok_or_else(|| StoreError::CampaignNotFound(id.to_string()))?
-        .try_into()
+    tx.commit().await?;
+    match row {
+        Some(row) => row.try_into(),
+        None => match get(pool, id).await? {
+            None => Err(StoreError::CampaignNotFound(id.to_string())),
+            Some(c) if status == CampaignStatus::Cancelled => Ok(c),
+            Some(_) => Err(cancelled_is_final(id)),
+        },
+    }
 }
 
 /// Halts an active campaign because its provider reported a configuration error. A
@@ -442,6 +558,8 @@ struct SummaryRow {
     retried: i64,
     invalid: i64,
     rejected: i64,
+    expired: i64,
+    cancelled: i64,
     rate_10s: f64,
 }
 
@@ -452,17 +570,21 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSumma
     let start = end - Duration::seconds(10);
     let rows: Vec<SummaryRow> = sqlx::query_as(
         "SELECT c.id, c.send_rate, c.algorithm, c.burst, c.status, c.limiter_scope, \
-                c.halt_reason, c.halted_at, c.weight, c.created_at, c.updated_at, \
+                c.halt_reason, c.halted_at, c.weight, c.start_at, c.expires_at, \
+                c.created_at, c.updated_at, \
                 COALESCE(t.sent, 0)::int8 AS sent, \
                 COALESCE(t.failed, 0)::int8 AS failed, \
                 COALESCE(t.retried, 0)::int8 AS retried, \
                 COALESCE(t.invalid, 0)::int8 AS invalid, \
                 COALESCE(t.rejected, 0)::int8 AS rejected, \
+                COALESCE(t.expired, 0)::int8 AS expired, \
+                COALESCE(t.cancelled, 0)::int8 AS cancelled, \
                 COALESCE(r.sent, 0)::float8 / 10.0 AS rate_10s \
          FROM campaigns c \
          LEFT JOIN LATERAL ( \
              SELECT sum(t.sent) AS sent, sum(t.failed) AS failed, sum(t.retried) AS retried, \
-                    sum(t.invalid) AS invalid, sum(t.rejected) AS rejected \
+                    sum(t.invalid) AS invalid, sum(t.rejected) AS rejected, \
+                    sum(t.expired) AS expired, sum(t.cancelled) AS cancelled \
              FROM campaign_totals t WHERE t.campaign_id = c.id) t ON true \
          LEFT JOIN LATERAL ( \
              SELECT sum(d.sent) AS sent FROM delivery_seconds d \
@@ -482,6 +604,8 @@ pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSumma
                 retried: row.retried,
                 invalid: row.invalid,
                 rejected: row.rejected,
+                expired: row.expired,
+                cancelled: row.cancelled,
                 rate_10s: row.rate_10s,
             })
         })

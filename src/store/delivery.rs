@@ -28,6 +28,10 @@ pub struct Point {
     pub invalid: i64,
     /// The provider refused it for good, for that device only.
     pub rejected: i64,
+    /// Not sent by the campaign's or the job's expiry.
+    pub expired: i64,
+    /// Not sent: the campaign was cancelled.
+    pub cancelled: i64,
 }
 
 /// A campaign's counts over all time, including seconds that retention has deleted.
@@ -44,6 +48,10 @@ pub struct Totals {
     pub invalid: i64,
     /// The provider refused it for good, for that device only.
     pub rejected: i64,
+    /// Not sent by the campaign's or the job's expiry.
+    pub expired: i64,
+    /// Not sent: the campaign was cancelled.
+    pub cancelled: i64,
 }
 
 /// One point per second in `[from, to)` (both truncated to the second), seconds without
@@ -79,7 +87,8 @@ pub async fn series(
         "SELECT g.t, COALESCE(d.sent, 0) AS sent, COALESCE(d.failed, 0) AS failed, \
                 COALESCE(d.retried, 0) AS retried, \
                 COALESCE(d.skipped_invalid, 0) AS skipped_invalid, COALESCE(d.capped, 0) AS capped, \
-                COALESCE(d.invalid, 0) AS invalid, COALESCE(d.rejected, 0) AS rejected \
+                COALESCE(d.invalid, 0) AS invalid, COALESCE(d.rejected, 0) AS rejected, \
+                COALESCE(d.expired, 0) AS expired, COALESCE(d.cancelled, 0) AS cancelled \
          FROM generate_series($2::timestamptz, $3::timestamptz - interval '1 second', \
                               interval '1 second') AS g(t) \
          LEFT JOIN delivery_seconds d ON d.campaign_id = $1 AND d.second = g.t \
@@ -88,6 +97,102 @@ pub async fn series(
     .bind(campaign_id)
     .bind(from)
     .bind(to)
+    .fetch_all(pool)
+    .await?;
+    Ok(points)
+}
+
+/// The steps, in seconds, that [`auto_step`] picks from.
+pub const STEP_LADDER: [i64; 8] = [1, 5, 10, 30, 60, 300, 600, 3600];
+/// The most points a range gives when [`auto_step`] picks its step.
+pub const MAX_AUTO_POINTS: i64 = 600;
+/// The longest step [`series_downsampled`] takes, in seconds.
+pub const MAX_STEP_S: i64 = 3600;
+
+/// The smallest step of [`STEP_LADDER`] that cuts `[from, to)` into at most
+/// [`MAX_AUTO_POINTS`] points: a chart of 24 h needs no 86,400 of them.
+pub fn auto_step(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
+    let span = (truncate_to_second(to) - truncate_to_second(from))
+        .num_seconds()
+        .max(0);
+    STEP_LADDER
+        .into_iter()
+        .find(|s| (span + s - 1) / s <= MAX_AUTO_POINTS)
+        .unwrap_or(MAX_STEP_S)
+}
+
+/// [`series`] summed into buckets of `step` seconds (1–[`MAX_STEP_S`]), `t` the bucket's
+/// start. Buckets are aligned to the Unix epoch, so a chart refreshed later keeps its
+/// points; the range is widened to whole buckets. Step 1 is [`series`] itself.
+pub async fn series_downsampled(
+    pool: &PgPool,
+    campaign_id: &str,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    step: i64,
+) -> Result<Vec<Point>, StoreError> {
+    if !(1..=MAX_STEP_S).contains(&step) {
+        return Err(StoreError::invalid(
+            "step",
+            format!("must be a whole number of seconds from 1 to {MAX_STEP_S}, got {step}"),
+        ));
+    }
+    if step == 1 {
+        return series(pool, campaign_id, from, to).await;
+    }
+    // The same bounds as `series`, checked on the range asked for.
+    let (from, to) = (truncate_to_second(from), truncate_to_second(to));
+    if to < from {
+        return Err(StoreError::invalid(
+            "to",
+            format!("the range ends ({to}) before it starts ({from})"),
+        ));
+    }
+    if to - from > MAX_SERIES_RANGE {
+        return Err(StoreError::invalid(
+            "to",
+            format!(
+                "the range is {} s long; at most {} s (24 h) can be read at once",
+                (to - from).num_seconds(),
+                MAX_SERIES_RANGE.num_seconds()
+            ),
+        ));
+    }
+    if to == from {
+        return Ok(Vec::new());
+    }
+    let start = from.timestamp().div_euclid(step) * step;
+    let end = (to.timestamp() + step - 1).div_euclid(step) * step;
+    let (start, end) = (
+        DateTime::from_timestamp(start, 0).unwrap_or(from),
+        DateTime::from_timestamp(end, 0).unwrap_or(to),
+    );
+    let points = sqlx::query_as(
+        "WITH b AS ( \
+             SELECT date_bin(make_interval(secs => $4), d.second, $2) AS t, \
+                    sum(d.sent) AS sent, sum(d.failed) AS failed, sum(d.retried) AS retried, \
+                    sum(d.skipped_invalid) AS skipped_invalid, sum(d.capped) AS capped, \
+                    sum(d.invalid) AS invalid, sum(d.rejected) AS rejected, \
+                    sum(d.expired) AS expired, sum(d.cancelled) AS cancelled \
+             FROM delivery_seconds d \
+             WHERE d.campaign_id = $1 AND d.second >= $2 AND d.second < $3 \
+             GROUP BY 1) \
+         SELECT g.t, COALESCE(b.sent, 0)::int8 AS sent, COALESCE(b.failed, 0)::int8 AS failed, \
+                COALESCE(b.retried, 0)::int8 AS retried, \
+                COALESCE(b.skipped_invalid, 0)::int8 AS skipped_invalid, \
+                COALESCE(b.capped, 0)::int8 AS capped, COALESCE(b.invalid, 0)::int8 AS invalid, \
+                COALESCE(b.rejected, 0)::int8 AS rejected, \
+                COALESCE(b.expired, 0)::int8 AS expired, \
+                COALESCE(b.cancelled, 0)::int8 AS cancelled \
+         FROM generate_series($2::timestamptz, $3::timestamptz - make_interval(secs => $4), \
+                              make_interval(secs => $4)) AS g(t) \
+         LEFT JOIN b ON b.t = g.t \
+         ORDER BY g.t",
+    )
+    .bind(campaign_id)
+    .bind(start)
+    .bind(end)
+    .bind(step as f64)
     .fetch_all(pool)
     .await?;
     Ok(points)
@@ -102,7 +207,9 @@ pub async fn totals(pool: &PgPool, campaign_id: &str) -> Result<Totals, StoreErr
                 COALESCE(sum(skipped_invalid), 0)::int8 AS skipped_invalid, \
                 COALESCE(sum(capped), 0)::int8 AS capped, \
                 COALESCE(sum(invalid), 0)::int8 AS invalid, \
-                COALESCE(sum(rejected), 0)::int8 AS rejected \
+                COALESCE(sum(rejected), 0)::int8 AS rejected, \
+                COALESCE(sum(expired), 0)::int8 AS expired, \
+                COALESCE(sum(cancelled), 0)::int8 AS cancelled \
          FROM campaign_totals WHERE campaign_id = $1",
     )
     .bind(campaign_id)

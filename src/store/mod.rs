@@ -14,6 +14,7 @@
 pub mod campaigns;
 pub mod dead_letters;
 pub mod delivery;
+pub mod events;
 pub mod listen;
 pub mod offsets;
 pub mod progress;
@@ -170,7 +171,12 @@ const CONSTRAINT_FIELDS: &[(&str, &str, &str)] = &[
     (
         "campaigns_status_known",
         "status",
-        "must be one of active, paused, done",
+        "must be one of active, paused, done, halted, cancelled",
+    ),
+    (
+        "campaigns_expires_after_start",
+        "expires_at",
+        "must be after start_at",
     ),
     (
         "delivery_seconds_counts_non_negative",
@@ -190,7 +196,7 @@ const CONSTRAINT_FIELDS: &[(&str, &str, &str)] = &[
     (
         "dead_letters_kind_known",
         "kind",
-        "must be one of malformed_job, invalid_job, undeliverable, expired_offset",
+        "must be one of malformed_job, invalid_job, undeliverable, expired_offset, expired",
     ),
     ("dead_letters_raw_size", "raw", "must be at most 1 MiB"),
     (
@@ -298,6 +304,9 @@ pub enum DeadLetterKind {
     Undeliverable,
     /// A parked job whose offset the broker's retention deleted before it was re-read.
     ExpiredOffset,
+    /// A job whose devices were not all sent by its own or its campaign's `expires_at`:
+    /// one letter per job, with the count.
+    Expired,
 }
 
 impl DeadLetterKind {
@@ -307,6 +316,7 @@ impl DeadLetterKind {
             DeadLetterKind::InvalidJob => "invalid_job",
             DeadLetterKind::Undeliverable => "undeliverable",
             DeadLetterKind::ExpiredOffset => "expired_offset",
+            DeadLetterKind::Expired => "expired",
         }
     }
 }
@@ -320,6 +330,7 @@ impl std::str::FromStr for DeadLetterKind {
             "invalid_job" => Ok(DeadLetterKind::InvalidJob),
             "undeliverable" => Ok(DeadLetterKind::Undeliverable),
             "expired_offset" => Ok(DeadLetterKind::ExpiredOffset),
+            "expired" => Ok(DeadLetterKind::Expired),
             other => Err(StoreError::Corrupt {
                 table: "dead_letters",
                 reason: format!("unknown kind {other:?}"),

@@ -48,6 +48,8 @@ struct CampaignBacklog {
 #[derive(Debug)]
 pub struct Parked {
     pub at: JobRef,
+    /// Its device count (for progress).
+    pub devices: u32,
     pub message: Option<OwnedMessage>,
 }
 
@@ -86,6 +88,10 @@ pub struct Backlog {
     parked_per_partition: HashMap<i32, usize>,
     /// Payload and key bytes of the parked messages kept in memory.
     parked_bytes: usize,
+    /// Changes whenever a job is parked or leaves the parked queues.
+    parked_version: u64,
+    /// [`Self::parked_devices`] as of a version: rebuilt only when that changed.
+    parked_snapshot: (u64, Arc<Vec<(Arc<str>, u64)>>),
 }
 
 impl Backlog {
@@ -96,6 +102,8 @@ impl Backlog {
             held_at: HashMap::new(),
             parked_per_partition: HashMap::new(),
             parked_bytes: 0,
+            parked_version: 0,
+            parked_snapshot: (0, Arc::default()),
         }
     }
 
@@ -157,21 +165,38 @@ impl Backlog {
         campaign: &Arc<str>,
         rate: f64,
         at: JobRef,
+        devices: u32,
         message: Option<OwnedMessage>,
     ) {
         let c = self.campaigns.entry(campaign.clone()).or_default();
         c.rate = rate;
         c.partition = Some(at.partition);
         self.parked_bytes += message_bytes(&message);
-        c.parked.push_back(Parked { at, message });
+        self.parked_version += 1;
+        c.parked.push_back(Parked {
+            at,
+            devices,
+            message,
+        });
         *self.parked_per_partition.entry(at.partition).or_default() += 1;
     }
 
     /// Puts back a parked job whose re-read failed, at the head of its campaign's queue.
-    pub fn unpark_failed(&mut self, campaign: &Arc<str>, at: JobRef, retry_at: Instant) {
+    pub fn unpark_failed(
+        &mut self,
+        campaign: &Arc<str>,
+        at: JobRef,
+        devices: u32,
+        retry_at: Instant,
+    ) {
         let c = self.campaigns.entry(campaign.clone()).or_default();
         c.retry_at = Some(retry_at);
-        c.parked.push_front(Parked { at, message: None });
+        self.parked_version += 1;
+        c.parked.push_front(Parked {
+            at,
+            devices,
+            message: None,
+        });
         *self.parked_per_partition.entry(at.partition).or_default() += 1;
     }
 
@@ -272,6 +297,7 @@ impl Backlog {
         let c = self.campaigns.get_mut(&id)?;
         c.retry_at = None;
         let p = c.parked.pop_front()?;
+        self.parked_version += 1;
         if let Some(n) = self.parked_per_partition.get_mut(&p.at.partition) {
             *n = n.saturating_sub(1);
         }
@@ -286,6 +312,7 @@ impl Backlog {
             c.held.retain(|h| !partitions.contains(&h.at.partition));
             c.parked.retain(|r| !partitions.contains(&r.at.partition));
         }
+        self.parked_version += 1;
         self.parked_bytes = self
             .campaigns
             .values()
@@ -308,6 +335,26 @@ impl Backlog {
 
     pub fn parked_total(&self) -> usize {
         self.parked_per_partition.values().sum()
+    }
+
+    /// Devices in each campaign's parked jobs, for campaigns that have some (rebuilt
+    /// only after a change: the consumer publishes it every step).
+    pub fn parked_devices(&mut self) -> Arc<Vec<(Arc<str>, u64)>> {
+        if self.parked_snapshot.0 != self.parked_version {
+            let list = self
+                .campaigns
+                .iter()
+                .filter(|(_, c)| !c.parked.is_empty())
+                .map(|(id, c)| {
+                    (
+                        id.clone(),
+                        c.parked.iter().map(|p| u64::from(p.devices)).sum(),
+                    )
+                })
+                .collect();
+            self.parked_snapshot = (self.parked_version, Arc::new(list));
+        }
+        self.parked_snapshot.1.clone()
     }
 }
 
@@ -335,8 +382,8 @@ mod tests {
         let cursor = Arc::new(AtomicU32::new(0));
         b.hold(&slow, 10.0, at(0, 0), 500, cursor.clone());
         assert!(!b.wants("slow"));
-        b.park(&slow, 10.0, at(0, 1), None);
-        b.park(&slow, 10.0, at(0, 3), None);
+        b.park(&slow, 10.0, at(0, 1), 10, None);
+        b.park(&slow, 10.0, at(0, 3), 10, None);
         // Another campaign on the same partition is not blocked by it.
         assert!(b.wants("fast"));
         b.hold(&fast, 1000.0, at(0, 2), 500, Arc::new(AtomicU32::new(0)));
@@ -358,9 +405,9 @@ mod tests {
         let a: Arc<str> = Arc::from("a");
         let c: Arc<str> = Arc::from("c");
         b.hold(&a, 100.0, at(0, 0), 90, Arc::new(AtomicU32::new(0)));
-        b.park(&a, 100.0, at(0, 1), None);
+        b.park(&a, 100.0, at(0, 1), 10, None);
         b.hold(&c, 100.0, at(1, 0), 90, Arc::new(AtomicU32::new(80)));
-        b.park(&c, 100.0, at(1, 1), None);
+        b.park(&c, 100.0, at(1, 1), 10, None);
         assert_eq!(next(&mut b).unwrap().0, c, "10 left beats 90 left");
         assert_eq!(next(&mut b).unwrap().0, a);
     }
@@ -370,11 +417,11 @@ mod tests {
         let mut b = Backlog::new(Duration::from_secs(10));
         let a: Arc<str> = Arc::from("a");
         b.hold(&a, 1.0, at(0, 0), 50, Arc::new(AtomicU32::new(0)));
-        b.park(&a, 1.0, at(0, 1), None);
-        b.park(&a, 1.0, at(1, 0), None);
+        b.park(&a, 1.0, at(0, 1), 10, None);
+        b.park(&a, 1.0, at(1, 0), 10, None);
         b.finished(0, 0);
         assert_eq!(next(&mut b), Some((a.clone(), at(0, 1))));
-        b.unpark_failed(&a, at(0, 1), Instant::now());
+        b.unpark_failed(&a, at(0, 1), 10, Instant::now());
         assert_eq!(b.parked_in(0), 1);
         b.forget_partitions(&[0]);
         assert_eq!(b.parked_in(0), 0);
@@ -398,9 +445,9 @@ mod tests {
             )
         };
         b.hold(&a, 1.0, at(0, 0), 1, Arc::new(AtomicU32::new(1)));
-        b.park(&a, 1.0, at(0, 1), Some(msg(&[0; 99])));
-        b.park(&a, 1.0, at(0, 2), None);
-        b.park(&a, 1.0, at(1, 0), Some(msg(&[0; 9])));
+        b.park(&a, 1.0, at(0, 1), 10, Some(msg(&[0; 99])));
+        b.park(&a, 1.0, at(0, 2), 10, None);
+        b.park(&a, 1.0, at(1, 0), 10, Some(msg(&[0; 9])));
         assert_eq!(b.parked_bytes(), 100 + 10, "payload and key bytes");
         let (_, p) = b.next_to_unpark(true, Instant::now()).unwrap();
         assert_eq!(p.at, at(0, 1));
@@ -410,7 +457,7 @@ mod tests {
         assert_eq!(b.parked_bytes(), 0);
         // One campaign holding the whole budget: its newest messages become offsets.
         for o in 10..20 {
-            b.park(&a, 1.0, at(0, o), Some(msg(&[0; 99])));
+            b.park(&a, 1.0, at(0, o), 10, Some(msg(&[0; 99])));
         }
         assert_eq!(b.parked_bytes(), 1000);
         assert_eq!(b.evict_hog(2000), 0, "under the budget");
@@ -427,8 +474,8 @@ mod tests {
         assert!(b.guaranteed("a"), "a first job always");
         let first = Arc::new(AtomicU32::new(0));
         b.hold(&a, 200.0, at(0, 0), 2000, first.clone());
-        b.park(&a, 200.0, at(0, 1), None);
-        b.park(&a, 200.0, at(0, 2), None);
+        b.park(&a, 200.0, at(0, 1), 10, None);
+        b.park(&a, 200.0, at(0, 2), 10, None);
         // Below its lookahead (2,000 devices) after one send: it wants its next job,
         // and gets it with no room left, being down to one job with work.
         first.store(1, Ordering::Relaxed);
@@ -463,7 +510,7 @@ mod tests {
             "90 left < 100 of lookahead, nothing parked"
         );
         assert!(!b.starving_in(2), "its jobs come from partition 3");
-        b.park(&a, 100.0, at(3, 1), None);
+        b.park(&a, 100.0, at(3, 1), 10, None);
         assert!(!b.starving_in(3), "its next job is parked already");
     }
 

@@ -56,6 +56,8 @@ pub struct ConsumerStats {
     pub commits: u64,
     /// Whether every partition is paused because a later stage has no room.
     pub held_back: bool,
+    /// Devices in each campaign's parked jobs (campaigns with none are left out).
+    pub parked_devices: Arc<Vec<(Arc<str>, u64)>>,
 }
 
 /// Flushes stats and progress now (the flusher's `flush_now`), for revocation and shutdown.
@@ -323,7 +325,7 @@ impl Loop {
             else {
                 return;
             };
-            let at = parked.at;
+            let (at, devices) = (parked.at, parked.devices);
             let fetched = match parked.message {
                 Some(m) => Ok(m),
                 None => self.refetcher.fetch(&self.topic, at),
@@ -365,7 +367,9 @@ impl Loop {
                 Err(RefetchError::Transient(e)) => {
                     tracing::warn!(error = %e, %campaign, "cannot re-read a parked job; this campaign retries in 1 s");
                     let retry_at = Instant::now() + REFETCH_BACKOFF;
-                    self.with_state(|s, _| s.backlog.unpark_failed(&campaign, at, retry_at));
+                    self.with_state(|s, _| {
+                        s.backlog.unpark_failed(&campaign, at, devices, retry_at)
+                    });
                 }
             }
         }
@@ -431,6 +435,7 @@ impl Loop {
                 .collect();
             st.paused_partitions.sort_unstable();
             st.held_back = pressure;
+            st.parked_devices = s.backlog.parked_devices();
             st
         });
         self.stats.send_if_modified(|old| {
@@ -468,8 +473,9 @@ impl Loop {
                 // reading on for it may keep up to twice the budget.
                 let size = msg.payload_len() + msg.key_len();
                 let keep = (s.backlog.parked_bytes() + size <= 2 * max_bytes).then(|| msg.detach());
+                let devices = job.devices.len() as u32;
                 s.backlog
-                    .park(&settings.id, settings.rate.as_f64(), at, keep);
+                    .park(&settings.id, settings.rate.as_f64(), at, devices, keep);
                 true
             }
         });

@@ -168,5 +168,8 @@ pub fn provisional(job: &Job, defaults: &CampaignDefaults) -> CampaignSettings {
         halted: false,
         limiter_scope: None,
         weight: 1.0,
+        start_at_ms: None,
+        expires_at_ms: None,
+        cancelled: false,
     }
 }

@@ -81,6 +81,9 @@ pub fn to_settings(c: &Campaign, fallback: &CampaignDefaults) -> CampaignSetting
         halted: c.status == CampaignStatus::Halted,
         limiter_scope: c.limiter_scope,
         weight: c.weight,
+        start_at_ms: c.start_at.map(|t| t.timestamp_millis()),
+        expires_at_ms: c.expires_at.map(|t| t.timestamp_millis()),
+        cancelled: c.status == CampaignStatus::Cancelled,
     }
 }
 

@@ -1,7 +1,10 @@
 //! The dashboard in real headless Chromium (Debian's `chromium`), driven over the Chrome
 //! DevTools protocol, while a real worker sends a campaign: the chart draws points and
 //! the send_rate line, a rate typed into the page reaches the API and the worker, the
-//! token is asked for once, and a screenshot is saved under target/browser/.
+//! token is asked for once, and a screenshot is saved under target/browser/. The
+//! campaign lifecycle's controls and the campaign page: [`lifecycle`].
+
+mod lifecycle;
 
 use crate::api::{spawn_worker_app, TOKEN};
 use base64::Engine as _;
@@ -194,11 +197,14 @@ impl Page {
         }
     }
 
-    /// A real mouse click at the centre of the element `selector` finds.
+    /// A real mouse click at the centre of the element `selector` finds, scrolled into
+    /// view first (the campaign table scrolls sideways).
     async fn click(&mut self, selector: &str) {
         let rect = self
             .eval(&format!(
-                "(() => {{ const r = document.querySelector({selector:?}).getBoundingClientRect(); \
+                "(() => {{ const el = document.querySelector({selector:?}); \
+                 el.scrollIntoView({{block: 'center', inline: 'center'}}); \
+                 const r = el.getBoundingClientRect(); \
                  return {{x: r.x + r.width / 2, y: r.y + r.height / 2}}; }})()"
             ))
             .await;
@@ -257,8 +263,16 @@ fn paint_probe(id: &str) -> String {
     )
 }
 
+/// One Chromium at a time: two of them and their workers on two cores would skew the
+/// per-second counts the tests read.
+async fn browser_lock() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_draws_live_points_and_changes_the_rate_in_chromium() {
+    let _one = browser_lock().await;
     // 3000 devices at 40/s: it runs for the whole test.
     let run = spawn_worker_app(&[(40.0, 3000)]).await;
     let id = run.plan.campaigns[0].id.clone();

@@ -1,15 +1,17 @@
 //! Campaign lifecycle through the real worker, tansu and PostgreSQL: weights under a
-//! cap that binds.
+//! cap that binds, start times, expiry and cancel.
 
 use crate::helpers::{
     brokers, fresh_database, fresh_topic, pacing_lock, sink_worker_settings, unique_name, wait_for,
 };
+use pushpace::job::{Job, Lifecycle};
 use pushpace::limiter::Algorithm;
 use pushpace::produce::ProducePlan;
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
 use pushpace::sink::{Sink, SinkConfig};
-use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch};
+use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch, CampaignStatus};
 use pushpace::worker::Worker;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;
 
 /// How long a worker may take to join its group and start sending (tansu's group join).
@@ -114,5 +116,330 @@ async fn paced_weights_share_a_binding_cap_in_proportion() {
     let from = sink.elapsed();
     tokio::time::sleep(WINDOW).await;
     check(shares(from), [3.0, 2.0, 3.0]);
+    worker.shutdown().await.expect("graceful shutdown");
+}
+
+/// A job of `n` devices for `campaign`, with its lifecycle fields.
+fn job(id: &str, campaign: &str, n: usize, lifecycle: Lifecycle) -> Job {
+    let payload = serde_json::value::RawValue::from_string(r#"{"m":1}"#.into()).unwrap();
+    let devices = (0..n).map(|d| format!("{id}-{d}")).collect();
+    let mut job = Job::new(id, campaign, devices, payload).unwrap();
+    job.lifecycle = lifecycle;
+    job
+}
+
+/// Produces jobs, in order, to partition 0.
+async fn produce_jobs(topic: &str, jobs: &[Job]) {
+    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
+        .create()
+        .expect("producer");
+    for j in jobs {
+        let value = j.to_json();
+        producer
+            .send(
+                FutureRecord::to(topic)
+                    .partition(0)
+                    .key(j.campaign_id.as_str())
+                    .payload(&value),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("produce");
+    }
+}
+
+async fn put(pool: &sqlx::PgPool, id: &str, patch: CampaignPatch) {
+    campaigns::put(pool, id, &patch, &CampaignDefaults::default())
+        .await
+        .unwrap();
+}
+
+/// The start instant is compared at millisecond resolution (`start_at` as the worker
+/// reads it), so a release may come up to 1 ms before the exact instant.
+const START_RESOLUTION: Duration = Duration::from_millis(1);
+
+/// A campaign whose start is ahead waits, its later jobs parked behind a 1 s lookahead,
+/// while another campaign's jobs behind them in the same partition are sent. At its
+/// start it sends at its rate: no release before the instant, and no 100 ms bucket
+/// above rate/10 × 1.1 (its burst is 0), although 1,200 devices became due at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_a_start_time_holds_its_campaign_and_not_the_partition() {
+    let _serial = pacing_lock().await;
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(1).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let (later, other) = (unique_name("later"), unique_name("other"));
+    let far = chrono::Utc::now() + chrono::Duration::hours(1);
+    put(
+        &pool,
+        &later,
+        CampaignPatch {
+            send_rate: Some(200.0),
+            start_at: Some(Some(far)),
+            ..Default::default()
+        },
+    )
+    .await;
+    put(
+        &pool,
+        &other,
+        CampaignPatch {
+            send_rate: Some(200.0),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut jobs: Vec<Job> = (0..6)
+        .map(|j| job(&format!("{later}-{j}"), &later, 200, Lifecycle::default()))
+        .collect();
+    jobs.push(job(
+        &format!("{other}-0"),
+        &other,
+        200,
+        Lifecycle::default(),
+    ));
+    produce_jobs(&topic, &jobs).await;
+    let settings = sink_worker_settings(
+        &topic,
+        &db_url,
+        &sink.url(),
+        &[("worker.lookahead_ms", "1000".into())],
+    );
+    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
+    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .expect("start worker");
+    wait_for("the other campaign sent", GROUP_JOIN_LIMIT, || {
+        sink.campaign(&other).is_some_and(|s| s.delivered >= 200)
+    })
+    .await;
+    assert!(sink.campaign(&later).is_none(), "sent before its start");
+    assert!(
+        worker.consumer_stats.borrow().parked_jobs > 0,
+        "its later jobs are parked, not blocking the partition"
+    );
+
+    // The start moves to 2 s from now; the watcher brings it within a second.
+    let start = std::time::SystemTime::now() + Duration::from_secs(2);
+    put(
+        &pool,
+        &later,
+        CampaignPatch {
+            start_at: Some(Some(chrono::DateTime::from(start))),
+            ..Default::default()
+        },
+    )
+    .await;
+    wait_for("all of it sent", Duration::from_secs(30), || {
+        sink.campaign(&later).is_some_and(|s| s.delivered >= 1200)
+    })
+    .await;
+    let arrivals = sink.arrivals();
+    let first = arrivals.first().expect("arrivals");
+    let sink_start = first.wall - first.at;
+    let start_rel = start.duration_since(sink_start).unwrap();
+    let released: Vec<Duration> = arrivals
+        .iter()
+        .filter(|a| *a.campaign_id == *later)
+        .map(|a| a.released.expect("a release stamp"))
+        .collect();
+    assert_eq!(released.len(), 1200);
+    let earliest = released.iter().min().unwrap();
+    assert!(
+        *earliest + START_RESOLUTION >= start_rel,
+        "released {:?} before its start",
+        start_rel - *earliest
+    );
+    let mut buckets = std::collections::BTreeMap::<u128, u32>::new();
+    for r in &released {
+        *buckets
+            .entry((*r - start_rel.min(*r)).as_millis() / 100)
+            .or_default() += 1;
+    }
+    let worst = buckets.values().max().copied().unwrap_or(0);
+    assert!(
+        worst <= 22,
+        "a 100 ms bucket held {worst} releases (at most 200/10 × 1.1)"
+    );
+    worker.shutdown().await.expect("graceful shutdown");
+}
+
+/// Expiry through the real worker: a campaign's expiry ends its jobs with one dead
+/// letter each and counts the rest `expired`; a job that arrives already expired is not
+/// sent at all; every offset moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_counts_the_unsent_and_letters_each_job_once() {
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(1).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let exp = unique_name("exp");
+    put(
+        &pool,
+        &exp,
+        CampaignPatch {
+            send_rate: Some(20.0),
+            ..Default::default()
+        },
+    )
+    .await;
+    let past = Lifecycle {
+        expires_at_ms: Some(chrono::Utc::now().timestamp_millis() - 1000),
+        ..Default::default()
+    };
+    let mut jobs: Vec<Job> = (0..3)
+        .map(|j| job(&format!("{exp}-{j}"), &exp, 100, Lifecycle::default()))
+        .collect();
+    jobs.push(job(&format!("{exp}-past"), &exp, 50, past));
+    produce_jobs(&topic, &jobs).await;
+    let settings = sink_worker_settings(&topic, &db_url, &sink.url(), &[]);
+    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
+    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .expect("start worker");
+    wait_for("sending", GROUP_JOIN_LIMIT, || {
+        sink.campaign(&exp).is_some_and(|s| s.delivered >= 10)
+    })
+    .await;
+    put(
+        &pool,
+        &exp,
+        CampaignPatch {
+            expires_at: Some(Some(chrono::Utc::now() + chrono::Duration::seconds(2))),
+            ..Default::default()
+        },
+    )
+    .await;
+    let totals = || async {
+        pushpace::store::delivery::totals(&pool, &exp)
+            .await
+            .unwrap()
+    };
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    let t = loop {
+        let t = totals().await;
+        if t.sent + t.expired == 350 || std::time::Instant::now() > end {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(t.sent + t.expired, 350, "{t:?}");
+    assert!(t.expired >= 50 + 100, "{t:?}");
+    assert_eq!(
+        t.sent as u64,
+        sink.campaign(&exp).unwrap().delivered,
+        "{t:?}"
+    );
+    let letters: Vec<(String, Option<String>, String)> = sqlx::query_as(
+        "SELECT kind, job_id, reason FROM dead_letters WHERE campaign_id = $1 ORDER BY kafka_offset",
+    )
+    .bind(&exp)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    // One per job with devices left: the two untouched ones, the one cut short, the past one.
+    assert_eq!(letters.len(), 4, "{letters:?}");
+    assert!(
+        letters.iter().all(|(k, _, _)| k == "expired"),
+        "{letters:?}"
+    );
+    let past_letter = letters
+        .iter()
+        .find(|(_, j, _)| j.as_deref() == Some(&format!("{exp}-past")))
+        .expect("the past job's letter");
+    assert!(
+        past_letter
+            .2
+            .starts_with("50 of 50 devices not sent by the job's expires_at"),
+        "{}",
+        past_letter.2
+    );
+    let expired_in_letters: i64 = letters
+        .iter()
+        .map(|(_, _, r)| r.split(' ').next().unwrap().parse::<i64>().unwrap())
+        .sum();
+    assert_eq!(expired_in_letters, t.expired);
+    wait_for("every job finished", Duration::from_secs(10), || {
+        worker.scheduler_stats.borrow().open_jobs == 0
+    })
+    .await;
+    worker.shutdown().await.expect("graceful shutdown");
+}
+
+/// Cancel through the real worker: held and parked jobs finish without a send, counted
+/// `cancelled`, and so does a job that arrives later; the status change is in the
+/// campaign's history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_ends_held_parked_and_later_jobs() {
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(1).await;
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let can = unique_name("can");
+    put(
+        &pool,
+        &can,
+        CampaignPatch {
+            send_rate: Some(20.0),
+            ..Default::default()
+        },
+    )
+    .await;
+    let jobs: Vec<Job> = (0..5)
+        .map(|j| job(&format!("{can}-{j}"), &can, 100, Lifecycle::default()))
+        .collect();
+    produce_jobs(&topic, &jobs).await;
+    let settings = sink_worker_settings(
+        &topic,
+        &db_url,
+        &sink.url(),
+        &[("worker.lookahead_ms", "1000".into())],
+    );
+    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
+    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .expect("start worker");
+    wait_for("sending, later jobs parked", GROUP_JOIN_LIMIT, || {
+        sink.campaign(&can).is_some_and(|s| s.delivered >= 10)
+            && worker.consumer_stats.borrow().parked_jobs > 0
+    })
+    .await;
+    campaigns::set_status_by(&pool, &can, CampaignStatus::Cancelled, Some("test"))
+        .await
+        .unwrap();
+    produce_jobs(
+        &topic,
+        &[job(&format!("{can}-late"), &can, 30, Lifecycle::default())],
+    )
+    .await;
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    let t = loop {
+        let t = pushpace::store::delivery::totals(&pool, &can)
+            .await
+            .unwrap();
+        if t.sent + t.cancelled == 530 || std::time::Instant::now() > end {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(t.sent + t.cancelled, 530, "{t:?}");
+    assert!(t.cancelled >= 400 + 30, "{t:?}");
+    // Nothing more is sent after the cancel reached the worker.
+    let delivered = sink.campaign(&can).unwrap().delivered;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sink.campaign(&can).unwrap().delivered, delivered);
+    assert_eq!(t.sent as u64, delivered);
+    wait_for("every job finished", Duration::from_secs(10), || {
+        let c = worker.consumer_stats.borrow().clone();
+        worker.scheduler_stats.borrow().open_jobs == 0 && c.parked_jobs == 0
+    })
+    .await;
+    let events = pushpace::store::events::list(&pool, &can, 100)
+        .await
+        .unwrap();
+    assert!(
+        events.iter().any(|e| e.field == "status"
+            && e.actor == "test"
+            && e.new.as_deref() == Some("cancelled")),
+        "{events:?}"
+    );
     worker.shutdown().await.expect("graceful shutdown");
 }

@@ -2,6 +2,7 @@
 
 mod adaptive;
 mod api;
+mod api_lifecycle;
 mod apns;
 mod bad_input;
 mod broker;
@@ -24,6 +25,7 @@ mod providers_cli;
 mod providers_e2e;
 mod reliability;
 mod sender;
+mod series;
 mod store;
 mod totals;
 mod watcher;

@@ -200,6 +200,8 @@ async fn a_job_creates_its_campaign_and_stored_values_win_afterwards() {
             burst: Some(10),
             limiter_scope: None,
             weight: None,
+            start_at: None,
+            expires_at: None,
         },
         &defaults,
     )

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 /// An arbitrary second (2027) to record at, so tests do not depend on the wall clock.
 const BASE: u64 = 1_800_000_000;
 
-const OUTCOMES: [Outcome; 7] = [
+const OUTCOMES: [Outcome; 9] = [
     Outcome::Sent,
     Outcome::Failed,
     Outcome::Retried,
@@ -21,6 +21,8 @@ const OUTCOMES: [Outcome; 7] = [
     Outcome::Capped,
     Outcome::Invalid,
     Outcome::Rejected,
+    Outcome::Expired,
+    Outcome::Cancelled,
 ];
 
 fn fast_config() -> FlusherConfig {
@@ -43,36 +45,38 @@ fn add(totals: &mut Totals, outcome: Outcome, n: u32) {
         Outcome::Capped => totals.capped += n,
         Outcome::Invalid => totals.invalid += n,
         Outcome::Rejected => totals.rejected += n,
+        Outcome::Expired => totals.expired += n,
+        Outcome::Cancelled => totals.cancelled += n,
     }
 }
 
 /// Every campaign's sums over `delivery_seconds`, computed the slow way.
 async fn summed(pool: &PgPool) -> BTreeMap<String, Totals> {
-    type Row = (String, i64, i64, i64, i64, i64, i64, i64);
+    type Row = (String, i64, i64, i64, i64, i64, i64, i64, i64, i64);
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT campaign_id, sum(sent)::int8, sum(failed)::int8, sum(retried)::int8, \
                 sum(skipped_invalid)::int8, sum(capped)::int8, sum(invalid)::int8, \
-                sum(rejected)::int8 \
+                sum(rejected)::int8, sum(expired)::int8, sum(cancelled)::int8 \
          FROM delivery_seconds GROUP BY campaign_id",
     )
     .fetch_all(pool)
     .await
     .unwrap();
     rows.into_iter()
-        .map(
-            |(id, sent, failed, retried, skipped_invalid, capped, invalid, rejected)| {
-                let totals = Totals {
-                    sent,
-                    failed,
-                    retried,
-                    skipped_invalid,
-                    capped,
-                    invalid,
-                    rejected,
-                };
-                (id, totals)
-            },
-        )
+        .map(|r| {
+            let totals = Totals {
+                sent: r.1,
+                failed: r.2,
+                retried: r.3,
+                skipped_invalid: r.4,
+                capped: r.5,
+                invalid: r.6,
+                rejected: r.7,
+                expired: r.8,
+                cancelled: r.9,
+            };
+            (r.0, totals)
+        })
         .collect()
 }
 

@@ -43,6 +43,7 @@ fn job(devices: Vec<String>, payload: &str, options: PushOptions) -> Arc<Job> {
         provider: None,
         provider_slot: 0,
         options,
+        lifecycle: Default::default(),
     })
 }
 

@@ -1,115 +1,60 @@
-// pushpace dashboard: the campaign table with its controls, and a live per-second chart
-// of the last 5 minutes for each campaign the worker holds. No build step, no CDN:
-// uPlot is served by the binary next to this file.
+// pushpace dashboard: the summary strip, the campaign table with its controls, a live
+// per-second chart of the last 5 minutes for each campaign the worker holds, the
+// providers, and the router between this overview and a campaign's page (campaign.js).
+// No build step, no CDN: uPlot is served by the binary next to this file.
 "use strict";
 
 const WINDOW_S = 300;
 const REFRESH_MS = 1000;
-const TOKEN_KEY = "pushpace.adminToken";
-const COLORS = { sent: "#1f77b4", failed: "#d62728", rate: "#ff7f0e" };
 
 // Exposed for people poking at the page (and for the browser test).
 const charts = new Map();
 const providerCharts = new Map();
-window.pushpace = { charts, providerCharts, refresh: () => tick() };
+window.pushpace = { charts, providerCharts, campaignPage, refresh: () => tick() };
 
-const $ = (sel) => document.querySelector(sel);
 const rows = new Map();
 
-function say(text, kind) {
-  const m = $("#message");
-  m.textContent = text;
-  m.className = kind || "";
-}
-
-function fmt(n, digits) {
-  if (n === null || n === undefined) return "–";
-  return Number(n).toLocaleString("en-US", { maximumFractionDigits: digits ?? 0 });
-}
-
-function adminToken() {
-  let t = sessionStorage.getItem(TOKEN_KEY);
-  if (!t) {
-    t = window.prompt("Admin token (http.admin_token), kept for this tab only:");
-    if (t) sessionStorage.setItem(TOKEN_KEY, t.trim());
+function renderSummary(s) {
+  const set = (k, text) => ($(`#summary [data-k="${k}"]`).textContent = text);
+  set("sends", fmt(s.sends_per_s, 1));
+  set("send-rate-sum", fmt(s.send_rate_sum, 1));
+  const cap = s.caps && s.caps.global;
+  set("cap", typeof cap === "number" ? ` · global cap ${fmt(cap, 1)}/s` : "");
+  for (const k of ["active", "paused", "halted", "scheduled", "cancelled", "done"]) {
+    set(k, fmt(s.campaigns[k]));
   }
-  return t ? t.trim() : null;
-}
-
-async function mutate(method, path, body) {
-  const token = adminToken();
-  if (!token) {
-    say("No token given: nothing changed.", "error");
-    return null;
+  set("dead-letters", fmt(s.dead_letters_last_hour));
+  const box = $("#summary [data-k=providers]");
+  box.replaceChildren();
+  for (const p of s.providers || []) {
+    const span = document.createElement("span");
+    span.className = "provider state-" + p.state.replace(/\s+/g, "-");
+    span.dataset.provider = p.name;
+    span.textContent = `${p.name}: ${p.state}` + (p.ceiling === null ? "" : ` (ceiling ${fmt(p.ceiling, 1)}/s)`);
+    box.appendChild(span);
   }
-  const init = { method, headers: { Authorization: "Bearer " + token } };
-  if (body !== undefined) {
-    init.headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body);
-  }
-  let res;
-  try {
-    res = await fetch(path, init);
-  } catch (e) {
-    say("Request failed: " + e, "error");
-    return null;
-  }
-  const json = await res.json().catch(() => ({}));
-  if (res.status === 401 || res.status === 403) {
-    // A wrong or refused token: ask again next time.
-    sessionStorage.removeItem(TOKEN_KEY);
-  }
-  if (!res.ok) {
-    say(json.error || res.status + " " + res.statusText, "error");
-    return null;
-  }
-  return json;
-}
-
-const campaignPath = (id) => "/api/campaigns/" + encodeURIComponent(id);
-
-async function setRate(id, input) {
-  const rate = Number(input.value);
-  if (!input.value || !Number.isFinite(rate) || rate <= 0) {
-    say("send_rate must be a number greater than 0", "error");
-    return;
-  }
-  const c = await mutate("PUT", campaignPath(id), { send_rate: rate });
-  if (c) {
-    say(`${id}: send_rate set to ${fmt(c.send_rate, 3)}/s`, "ok");
-    input.value = "";
-    tick();
-  }
-}
-
-async function toggle(id, status) {
-  const action = status === "paused" || status === "halted" ? "resume" : "pause";
-  const c = await mutate("POST", campaignPath(id) + "/" + action);
-  if (c) {
-    say(`${id}: ${c.status}`, "ok");
-    tick();
-  }
-}
-
-function cell(tr, cls) {
-  const td = document.createElement("td");
-  if (cls) td.className = cls;
-  tr.appendChild(td);
-  return td;
+  if (!box.children.length) box.textContent = "none here";
 }
 
 function makeRow(c) {
   const tr = document.createElement("tr");
   tr.dataset.id = c.id;
-  const r = { tr };
+  const r = { tr, c };
   r.id = cell(tr, "id");
-  r.id.textContent = c.id;
+  const link = document.createElement("a");
+  link.href = "#/campaign/" + encodeURIComponent(c.id);
+  link.textContent = c.id;
+  r.id.appendChild(link);
   r.status = cell(tr);
   r.algorithm = cell(tr);
   r.sendRate = cell(tr, "num");
   r.rate10 = cell(tr, "num");
   r.sent = cell(tr, "num");
   r.failed = cell(tr, "num");
+  r.progress = cell(tr, "progress");
+  r.eta = cell(tr, "eta");
+  r.schedule = cell(tr, "schedule");
+  r.weight = cell(tr, "num weight");
   r.live = cell(tr);
   const controls = cell(tr, "controls");
   r.input = document.createElement("input");
@@ -127,12 +72,47 @@ function makeRow(c) {
   r.setButton.className = "set-rate";
   r.setButton.textContent = "Set rate";
   r.setButton.addEventListener("click", () => setRate(tr.dataset.id, r.input));
-  r.toggleButton = document.createElement("button");
-  r.toggleButton.type = "button";
-  r.toggleButton.className = "toggle";
-  r.toggleButton.addEventListener("click", () => toggle(tr.dataset.id, r.statusValue));
-  controls.append(r.input, " ", r.setButton, " ", r.toggleButton);
+  r.controls = makeControls(() => r.c);
+  controls.append(r.input, " ", r.setButton, " ", r.controls.toggle, " ", r.controls.weight, " ",
+    r.controls.schedule, " ", r.controls.cancel);
+  // A click on the row, outside its controls, opens the campaign's page.
+  tr.addEventListener("click", (e) => {
+    if (!e.target.closest("td.controls, a")) location.hash = link.getAttribute("href");
+  });
   return r;
+}
+
+function renderRow(r, c) {
+  r.c = c;
+  r.status.textContent = c.status;
+  r.status.className = "status-" + c.status;
+  // A halt says why: the provider's answer, for the operator to fix before resuming.
+  r.status.title = c.halt_reason || "";
+  if (c.halt_reason) r.status.textContent = `halted: ${c.halt_reason}`;
+  r.algorithm.textContent = c.algorithm + (c.burst ? ` (burst ${c.burst})` : "");
+  r.sendRate.textContent = fmt(c.send_rate, 3);
+  // Its share while a cap or its provider's adaptive ceiling binds it.
+  const eff = c.live ? c.live.effective_rate : undefined;
+  if (typeof eff === "number" && eff < c.send_rate * 0.999) {
+    r.sendRate.textContent += ` → ${fmt(eff, 1)}`;
+    r.sendRate.title = "effective rate: its share of a cap or provider ceiling that binds";
+  } else {
+    r.sendRate.title = "";
+  }
+  r.rate10.textContent = fmt(c.rate_10s, 1);
+  r.sent.textContent = fmt(c.sent);
+  r.failed.textContent = fmt(c.failed + (c.rejected || 0)) + (c.invalid ? ` (+${fmt(c.invalid)} invalid)` : "");
+  renderProgress(r.progress, c.progress);
+  r.eta.textContent = etaText(c);
+  r.eta.title = "at the rate of the last seconds; known jobs: the devices of the jobs read so far";
+  r.schedule.textContent = scheduleText(c);
+  r.schedule.classList.toggle("scheduled", !!c.scheduled);
+  r.weight.textContent = fmt(c.weight ?? 1, 2);
+  r.live.textContent = c.live
+    ? (c.live.active ? "active" : "waiting") + (c.live.in_flight ? `, ${c.live.in_flight} in flight` : "")
+    : "–";
+  r.controls.update(c);
+  r.input.disabled = r.setButton.disabled = isFinal(c.status);
 }
 
 function renderTable(list) {
@@ -146,30 +126,7 @@ function renderTable(list) {
       rows.set(c.id, r);
     }
     body.appendChild(r.tr); // keeps the server's order; the input keeps what is typed
-    r.statusValue = c.status;
-    r.status.textContent = c.status;
-    r.status.className = "status-" + c.status;
-    // A halt says why: the provider's answer, for the operator to fix before resuming.
-    r.status.title = c.halt_reason || "";
-    if (c.halt_reason) r.status.textContent = `halted: ${c.halt_reason}`;
-    r.algorithm.textContent = c.algorithm + (c.burst ? ` (burst ${c.burst})` : "") +
-      (c.weight !== undefined && c.weight !== 1 ? ` · weight ${fmt(c.weight, 2)}` : "");
-    r.sendRate.textContent = fmt(c.send_rate, 3);
-    // Its share while a cap or its provider's adaptive ceiling binds it.
-    const eff = c.live ? c.live.effective_rate : undefined;
-    if (typeof eff === "number" && eff < c.send_rate * 0.999) {
-      r.sendRate.textContent += ` → ${fmt(eff, 1)}`;
-      r.sendRate.title = "effective rate: its share of a cap or provider ceiling that binds";
-    } else {
-      r.sendRate.title = "";
-    }
-    r.rate10.textContent = fmt(c.rate_10s, 1);
-    r.sent.textContent = fmt(c.sent);
-    r.failed.textContent = fmt(c.failed + (c.rejected || 0)) + (c.invalid ? ` (+${fmt(c.invalid)} invalid)` : "");
-    r.live.textContent = c.live
-      ? (c.live.active ? "active" : "waiting") + (c.live.in_flight ? `, ${c.live.in_flight} in flight` : "")
-      : "–";
-    r.toggleButton.textContent = c.status === "paused" || c.status === "halted" ? "Resume" : "Pause";
+    renderRow(r, c);
   }
   for (const [id, r] of rows) {
     if (!seen.has(id)) {
@@ -178,13 +135,6 @@ function renderTable(list) {
     }
   }
   $("#no-campaigns").hidden = list.length > 0;
-}
-
-// The card's inner width (the grid decides it), so that the canvas fits its card.
-function chartWidth(box) {
-  const style = getComputedStyle(box);
-  const inner = box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
-  return Math.max(300, Math.floor(inner));
 }
 
 function makeChart(c) {
@@ -204,12 +154,7 @@ function makeChart(c) {
         x: { time: true },
         y: { range: (u, min, max) => [0, Math.max(max, ch.sendRate * 1.15, 1)] },
       },
-      series: [
-        {},
-        { label: "sent/s", stroke: COLORS.sent, width: 2, fill: "rgba(31,119,180,0.08)", points: { show: false } },
-        { label: "not delivered/s (failed, rejected, invalid)", stroke: COLORS.failed, width: 1, points: { show: false } },
-        { label: "send_rate", stroke: COLORS.rate, width: 1.5, dash: [6, 4], points: { show: false } },
-      ],
+      series: rateSeries(),
       axes: [{}, { label: "per second", size: 60 }],
       legend: { live: true },
     },
@@ -236,7 +181,7 @@ async function refreshChart(ch, c) {
   ch.title.textContent = `${c.id} · send_rate ${fmt(c.send_rate, 3)}/s · ${c.status}`;
   // The whole window once, then the last seconds (which the flusher may still add to).
   const last = ch.loaded ? "15s" : WINDOW_S + "s";
-  const res = await fetch(campaignPath(c.id) + "/series?last=" + last);
+  const res = await fetch(campaignPath(c.id) + "/series?step=1&last=" + last);
   if (!res.ok) return;
   merge(ch, await res.json());
   ch.loaded = true;
@@ -348,18 +293,40 @@ function renderProviders(list) {
   }
 }
 
+async function refreshOverview() {
+  const res = await fetch("/api/campaigns");
+  if (!res.ok) throw new Error(res.status + " " + res.statusText);
+  const list = await res.json();
+  renderTable(list);
+  const pres = await fetch("/api/providers");
+  if (pres.ok) renderProviders(await pres.json());
+  await syncCharts(list);
+}
+
+// "#/campaign/ID" shows that campaign's page; anything else the overview.
+function route() {
+  const m = location.hash.match(/^#\/campaign\/(.+)$/);
+  const id = m ? decodeURIComponent(m[1]) : null;
+  $("#overview").hidden = id !== null;
+  $("#campaign-page").hidden = id === null;
+  if (id === null) {
+    closeCampaignPage();
+    resizeCharts();
+  } else {
+    openCampaignPage(id);
+  }
+  tick();
+}
+
 let busy = false;
 async function tick() {
   if (busy) return;
   busy = true;
   try {
-    const res = await fetch("/api/campaigns");
-    if (!res.ok) throw new Error(res.status + " " + res.statusText);
-    const list = await res.json();
-    renderTable(list);
-    const pres = await fetch("/api/providers");
-    if (pres.ok) renderProviders(await pres.json());
-    await syncCharts(list);
+    const s = await fetch("/api/summary");
+    if (s.ok) renderSummary(await s.json());
+    if ($("#campaign-page").hidden) await refreshOverview();
+    else await refreshCampaignPage();
     $("#updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
     $("#updated").textContent = "cannot reach the API: " + e.message;
@@ -368,14 +335,18 @@ async function tick() {
   }
 }
 
+function resizeCharts() {
+  for (const ch of [...charts.values(), ...providerCharts.values()]) {
+    ch.plot.setSize({ width: chartWidth(ch.box), height: 220 });
+  }
+  resizeCampaignChart();
+}
+
 $("#forget-token").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
   say("Token forgotten.", "ok");
 });
-window.addEventListener("resize", () => {
-  for (const ch of [...charts.values(), ...providerCharts.values()]) {
-    ch.plot.setSize({ width: chartWidth(ch.box), height: 220 });
-  }
-});
-tick();
+window.addEventListener("resize", resizeCharts);
+window.addEventListener("hashchange", route);
+route();
 setInterval(tick, REFRESH_MS);

@@ -117,6 +117,7 @@ async fn a_bad_subscription_or_payload_is_classified_without_a_request() {
             provider: None,
             provider_slot: 0,
             options: PushOptions::default(),
+            lifecycle: Default::default(),
         })
     };
     let out = sender.send(&job("nope", r#"{"a":1}"#), 0).await;

@@ -146,6 +146,8 @@ mod tests {
             halt_reason: None,
             halted_at: None,
             weight: 1.0,
+            start_at: None,
+            expires_at: None,
             created_at: at,
             updated_at: at,
         }

@@ -146,6 +146,7 @@ impl Scheduler {
         if finished_device {
             self.finish_device(slot, device);
         }
+        self.after_ended_answer(slot, now, unix_sec);
         self.settle_mismatches_if_idle(cslot, now, unix_sec);
         self.check_revoke_done();
     }

@@ -69,7 +69,10 @@ impl Scheduler {
             .iter()
             .filter_map(|&slot| {
                 let c = self.campaigns[slot as usize].as_ref()?;
-                let sending = !c.settings.paused && !c.settings.halted && c.halt.is_none();
+                let sending = !c.settings.paused
+                    && !c.settings.halted
+                    && c.halt.is_none()
+                    && !c.waiting_start;
                 let w = c.settings.weight;
                 sending.then(|| (c.settings.rate.as_f64(), w, slot, c.provider))
             })

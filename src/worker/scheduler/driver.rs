@@ -88,6 +88,7 @@ pub async fn run(
     loop {
         let now = time.now();
         let sec = unix_now();
+        scheduler.set_wall(now, unix_ms() as i64);
         let wake = scheduler.run_round(now, sec);
         let marker = scheduler.change_marker();
         if published.elapsed() >= STATS_EVERY {

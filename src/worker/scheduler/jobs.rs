@@ -30,6 +30,8 @@ pub(super) struct ActiveJob {
     pub(super) done_ahead: u32,
     /// `next`, published for the consumer's lookahead (one relaxed store per send).
     pub(super) dispatched: Arc<AtomicU32>,
+    /// Its expiry or cancel, once one applies.
+    pub(super) ended: lifecycle::JobEnd,
 }
 
 impl ActiveJob {

@@ -45,4 +45,13 @@ pub struct CampaignLive {
     pub invalid: u64,
     pub in_flight: u32,
     pub open_jobs: u32,
+    /// Devices not sent by its expiry, and not sent because it was cancelled.
+    pub expired: u64,
+    pub cancelled: u64,
+    /// Devices of its jobs held here and not finished yet (in flight included).
+    pub held_devices: u64,
+    /// The campaign's size as its jobs state it (`campaign_total_devices`).
+    pub total_devices: Option<u64>,
+    /// Its `start_at` is still ahead.
+    pub waiting_start: bool,
 }

@@ -18,6 +18,12 @@ pub struct CampaignSettings {
     pub limiter_scope: Option<LimiterScope>,
     /// Its weight in a fair share under a cap (weighted max-min).
     pub weight: f64,
+    /// Unix milliseconds before which nothing of it is sent.
+    pub start_at_ms: Option<i64>,
+    /// Unix milliseconds from which its unsent devices are counted `expired`.
+    pub expires_at_ms: Option<i64>,
+    /// Cancelled (final): its jobs, and later ones, are finished without a send.
+    pub cancelled: bool,
 }
 
 /// A job handed over by the consumer.
@@ -55,6 +61,9 @@ impl CampaignSettings {
             halted: false,
             limiter_scope: None,
             weight: 1.0,
+            start_at_ms: None,
+            expires_at_ms: None,
+            cancelled: false,
         }
     }
 }

@@ -40,6 +40,7 @@ mod caps;
 mod driver;
 mod jobs;
 mod lanes;
+mod lifecycle;
 mod live;
 mod messages;
 mod outlet;
@@ -174,6 +175,16 @@ struct Campaign {
     /// most [`PROBE_IN_FLIGHT`] are in flight.
     confirmed: bool,
     mismatch: answers::MismatchWindow,
+    /// Jobs whose `not_before` is ahead: (unix ms, job slot), soonest first.
+    scheduled: BinaryHeap<Reverse<(i64, u32)>>,
+    /// Its `start_at` is ahead: it sends nothing and takes no share under a cap.
+    waiting_start: bool,
+    /// The soonest `expires_at` among its jobs' own (unix ms).
+    next_job_expiry: Option<i64>,
+    expired: u64,
+    cancelled: u64,
+    /// The largest `campaign_total_devices` its jobs stated.
+    total_devices: Option<u64>,
 }
 
 impl Campaign {
@@ -235,6 +246,10 @@ pub struct Scheduler {
     capping: Option<FrequencyCap>,
     skipped_total: metrics::Counter,
     capped_total: metrics::Counter,
+    expired_total: metrics::Counter,
+    cancelled_total: metrics::Counter,
+    /// The wall clock at a monotonic instant: (now, unix ms), set by the driver.
+    wall: (Nanos, i64),
 }
 
 impl Scheduler {
@@ -296,6 +311,9 @@ impl Scheduler {
             capping: None,
             skipped_total: metrics::counter!("skipped_invalid_total"),
             capped_total: metrics::counter!("capped_total"),
+            expired_total: metrics::counter!("expired_total"),
+            cancelled_total: metrics::counter!("cancelled_total"),
+            wall: (0, 0),
         }
     }
 
@@ -316,11 +334,18 @@ impl Scheduler {
 
     /// A snapshot, with every campaign (allocates: call it a few times a second at most).
     pub fn stats(&self) -> SchedulerStats {
+        let mut held = vec![0u64; self.campaigns.len()];
+        for j in self.jobs.iter().flatten() {
+            if let Some(h) = held.get_mut(j.campaign as usize) {
+                *h += u64::from(j.total() - j.done_count);
+            }
+        }
         let campaigns = self
             .campaigns
             .iter()
-            .flatten()
-            .map(|c| CampaignLive {
+            .enumerate()
+            .filter_map(|(slot, c)| c.as_ref().map(|c| (held[slot], c)))
+            .map(|(held_devices, c)| CampaignLive {
                 id: c.settings.id.clone(),
                 rate: c.settings.rate.as_f64(),
                 effective_rate: c.effective_rate.as_f64(),
@@ -339,6 +364,11 @@ impl Scheduler {
                 invalid: c.invalid,
                 in_flight: c.in_flight,
                 open_jobs: c.open_jobs,
+                expired: c.expired,
+                cancelled: c.cancelled,
+                held_devices,
+                total_devices: c.total_devices,
+                waiting_start: c.waiting_start,
             })
             .collect();
         SchedulerStats {
@@ -389,6 +419,8 @@ impl std::fmt::Debug for Scheduler {
 
 #[cfg(test)]
 mod answer_tests;
+#[cfg(test)]
+mod lifecycle_tests;
 #[cfg(test)]
 mod outcome_tests;
 

@@ -35,9 +35,12 @@ impl Scheduler {
         }
         c.next_at = None;
         tracing::info!(campaign = %s.id, rate = %s.rate, algorithm = %s.algorithm, paused = s.paused, halted = s.halted, "campaign settings applied");
-        let (halted, paused) = (s.halted, s.paused);
+        let (halted, paused, cancelled) = (s.halted, s.paused, s.cancelled);
         c.settings = s;
         self.apply_halt_settings(slot, halted, paused);
+        if cancelled {
+            self.cancel_campaign(slot, now);
+        }
         // The new rate (or pause) changes everyone's fair share under a global cap.
         self.rebalance(now);
     }
@@ -91,6 +94,7 @@ impl Scheduler {
             progress,
             done_ahead: 0,
             dispatched,
+            ended: Default::default(),
         };
         active.dispatched.store(already_done, Ordering::Relaxed);
         for i in 0..already_done {
@@ -146,11 +150,25 @@ impl Scheduler {
                 (self.jobs.len() - 1) as u32
             }
         };
+        let stated = self.jobs[slot as usize]
+            .as_ref()
+            .and_then(|j| j.job.lifecycle.campaign_total_devices);
+        self.queue_job(cslot, slot, now);
         let c = self.campaigns[cslot as usize]
             .as_mut()
             .expect("campaign slot");
-        c.queue.push_back(slot);
         c.open_jobs += 1;
+        if let Some(n) = stated {
+            c.total_devices = Some(c.total_devices.map_or(n, |t| t.max(n)));
+        }
+        if c.settings.cancelled {
+            // A job of a cancelled campaign: finished at once, counted `cancelled`.
+            self.cancel_campaign(cslot, now);
+            return;
+        }
+        let c = self.campaigns[cslot as usize]
+            .as_mut()
+            .expect("campaign slot");
         if !c.active && !self.waiting.contains(&cslot) {
             if self.active.len() < self.config.max_active_campaigns {
                 self.activate(cslot);
@@ -189,6 +207,12 @@ impl Scheduler {
             halt: None,
             confirmed: false,
             mismatch: answers::MismatchWindow::default(),
+            scheduled: BinaryHeap::new(),
+            waiting_start: false,
+            next_job_expiry: None,
+            expired: 0,
+            cancelled: 0,
+            total_devices: None,
         };
         let slot = match self.campaigns.iter().position(|c| c.is_none()) {
             Some(i) => {

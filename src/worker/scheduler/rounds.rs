@@ -66,6 +66,10 @@ impl Scheduler {
         unix_sec: u64,
     ) -> Option<Nanos> {
         let room_total = self.config.max_in_flight.saturating_sub(self.in_flight) as u32;
+        let (may_send, gate_wake) = self.lifecycle_gate(slot, now, unix_sec);
+        if !may_send {
+            return gate_wake;
+        }
         let c = self.campaigns[slot as usize].as_mut()?;
         if c.settings.paused || c.settings.halted || c.halt.is_some() {
             return None;

@@ -1,0 +1,271 @@
+// pushpace dashboard: one campaign's page ("#/campaign/ID"): its settings and controls,
+// its counts, its per-second chart over 5 min, 1 h or 24 h (the server sums long ranges
+// into steps) with its settings changes as vertical marks, the history of those changes,
+// and its dead letters once the admin token is known.
+"use strict";
+
+// How often each range's series is read again.
+const RANGES = { "5m": 1000, "1h": 10000, "24h": 60000 };
+const EVENTS_EVERY_MS = 5000;
+const DEAD_LETTERS_EVERY_MS = 10000;
+const DEAD_LETTERS_SHOWN = 50;
+
+// The page's state, also read by the browser test.
+const campaignPage = {
+  id: null,
+  range: "5m",
+  campaign: null,
+  points: [],
+  step: 1,
+  events: [],
+  marks: 0,
+  plot: null,
+  loaded: { series: 0, events: 0, dead: 0 },
+};
+
+function resetCampaignPage(id) {
+  const p = campaignPage;
+  Object.assign(p, { id, campaign: null, points: [], step: 1, events: [], marks: 0 });
+  p.loaded = { series: 0, events: 0, dead: 0 };
+  $("#cp-id").textContent = id;
+  $("#cp-missing").hidden = true;
+  for (const el of document.querySelectorAll("#campaign-page [data-k]")) el.textContent = "–";
+  $("#cp-events").replaceChildren();
+  $("#cp-no-events").hidden = false;
+  $("#cp-dead tbody").replaceChildren();
+  $("#cp-dead").hidden = true;
+  $("#cp-dead-note").textContent = "";
+  if (p.plot) p.plot.setData([[], [], [], []]);
+}
+
+function openCampaignPage(id) {
+  if (!campaignPage.controls) {
+    campaignPage.controls = makeControls(() => campaignPage.campaign || { id: campaignPage.id });
+    const c = campaignPage.controls;
+    $("#cp-controls").append(c.toggle, " ", c.weight, " ", c.schedule, " ", c.cancel);
+  }
+  if (campaignPage.id !== id) resetCampaignPage(id);
+  if (!campaignPage.plot) campaignPage.plot = makeCampaignPlot();
+  showRange();
+}
+
+function closeCampaignPage() {
+  campaignPage.id = null;
+}
+
+function makeCampaignPlot() {
+  const box = $("#cp-chart");
+  return new uPlot(
+    {
+      width: chartWidth(box),
+      height: 280,
+      scales: {
+        x: { time: true },
+        y: { range: (u, min, max) => [0, Math.max(max * 1.05, 1)] },
+      },
+      series: rateSeries(),
+      axes: [{}, { label: "per second", size: 60 }],
+      hooks: { draw: [drawMarks] },
+    },
+    [[], [], [], []],
+    box
+  );
+}
+
+function resizeCampaignChart() {
+  const p = campaignPage;
+  if (p.plot && !$("#campaign-page").hidden) {
+    p.plot.setSize({ width: chartWidth($("#cp-chart")), height: 280 });
+  }
+}
+
+// Settings changes grouped by second: one mark each, named by its fields ("created"
+// for the row's first values, which have no old ones).
+function markGroups(events) {
+  const groups = new Map();
+  for (const e of events) {
+    const t = Math.floor(Date.parse(e.at) / 1000);
+    if (!groups.has(t)) groups.set(t, []);
+    groups.get(t).push(e);
+  }
+  return [...groups].map(([t, es]) => ({
+    t,
+    label: es.every((e) => e.old === null) ? "created" : es.map((e) => e.field).join(", "),
+  }));
+}
+
+// A dashed vertical line, with its label, at each settings change in view.
+function drawMarks(u) {
+  const ctx = u.ctx;
+  const { min, max } = u.scales.x;
+  let drawn = 0;
+  ctx.save();
+  ctx.strokeStyle = ctx.fillStyle = COLORS.mark;
+  ctx.lineWidth = 2;
+  ctx.setLineDash([5, 4]);
+  ctx.font = `${Math.round(11 * devicePixelRatio)}px system-ui, sans-serif`;
+  for (const m of markGroups(campaignPage.events)) {
+    if (!(m.t >= min && m.t <= max)) continue;
+    const x = Math.round(u.valToPos(m.t, "x", true));
+    ctx.beginPath();
+    ctx.moveTo(x, u.bbox.top);
+    ctx.lineTo(x, u.bbox.top + u.bbox.height);
+    ctx.stroke();
+    ctx.fillText(m.label, x + 4, u.bbox.top + 12 * devicePixelRatio * (1 + (drawn % 3)));
+    drawn++;
+  }
+  ctx.restore();
+  campaignPage.marks = drawn;
+}
+
+// The send_rate in force at `t` (unix s), from the history of its changes.
+function rateAt(t, changes, current) {
+  let rate = changes.length ? Number(changes[0].old ?? changes[0].new) : current;
+  for (const e of changes) {
+    if (Date.parse(e.at) / 1000 <= t) rate = Number(e.new);
+  }
+  return Number.isFinite(rate) ? rate : current;
+}
+
+// Each bucket's sums as a mean per second, so every range reads in the same unit.
+function drawCampaignChart() {
+  const p = campaignPage;
+  if (!p.plot || !p.campaign) return;
+  const step = p.step || 1;
+  const changes = p.events.filter((e) => e.field === "send_rate");
+  const t = p.points.map((x) => Date.parse(x.t) / 1000);
+  p.plot.setData([
+    t,
+    p.points.map((x) => x.sent / step),
+    p.points.map((x) => (x.failed + (x.rejected || 0) + (x.invalid || 0)) / step),
+    t.map((s) => rateAt(s, changes, p.campaign.send_rate)),
+  ]);
+  $("#cp-step").textContent = step > 1 ? `one point per ${humanSeconds(step)} (mean per second)` : "one point per second";
+}
+
+async function loadSeries(id) {
+  const res = await fetch(campaignPath(id) + "/series?last=" + campaignPage.range);
+  if (!res.ok || campaignPage.id !== id) return;
+  const points = await res.json();
+  const header = Number(res.headers.get("x-series-step"));
+  const gap = points.length > 1 ? (Date.parse(points[1].t) - Date.parse(points[0].t)) / 1000 : 1;
+  campaignPage.step = header > 0 ? header : gap;
+  campaignPage.points = points;
+  campaignPage.loaded.series = Date.now();
+}
+
+function eventValue(field, v) {
+  if (v === null || v === undefined) return "none";
+  if (field === "start_at" || field === "expires_at") return when(v);
+  return v;
+}
+
+async function loadEvents(id) {
+  campaignPage.loaded.events = Date.now();
+  const res = await fetch(campaignPath(id) + "/events");
+  if (!res.ok || campaignPage.id !== id) return;
+  const events = await res.json();
+  campaignPage.events = events;
+  const list = $("#cp-events");
+  list.replaceChildren();
+  for (const e of events) {
+    const li = document.createElement("li");
+    li.dataset.field = e.field;
+    const at = document.createElement("time");
+    at.dateTime = e.at;
+    at.textContent = when(e.at);
+    li.append(at, ` ${e.actor}: ${e.field} ${eventValue(e.field, e.old)} → ${eventValue(e.field, e.new)}`);
+    list.appendChild(li);
+  }
+  $("#cp-no-events").hidden = events.length > 0;
+}
+
+async function loadDeadLetters(id) {
+  const token = storedToken();
+  if (!token) return;
+  campaignPage.loaded.dead = Date.now();
+  const q = `/api/dead-letters?campaign=${encodeURIComponent(id)}&limit=${DEAD_LETTERS_SHOWN}`;
+  const res = await fetch(q, { headers: { Authorization: "Bearer " + token } });
+  if (campaignPage.id !== id) return;
+  if (res.status === 401 || res.status === 403) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    $("#cp-dead-note").textContent = "The admin token was refused.";
+    return;
+  }
+  if (!res.ok) return;
+  const page = await res.json();
+  const body = $("#cp-dead tbody");
+  body.replaceChildren();
+  for (const d of page.items) {
+    const tr = document.createElement("tr");
+    tr.dataset.id = d.id;
+    const cells = [when(d.created_at), d.kind, d.job_id ?? "–", d.device ?? "–", d.reason];
+    for (const text of cells) cell(tr).textContent = text;
+    body.appendChild(tr);
+  }
+  $("#cp-dead").hidden = false;
+  $("#cp-dead-note").textContent = page.items.length === 0 ? "None."
+    : page.next_before ? `The newest ${DEAD_LETTERS_SHOWN}; older ones: GET /api/dead-letters.` : "";
+}
+
+function renderCampaignHead(c) {
+  const set = (k, text) => ($(`#campaign-page [data-k="${k}"]`).textContent = text);
+  const status = $("#cp-status");
+  status.textContent = c.halt_reason ? `halted: ${c.halt_reason}` : c.status;
+  status.className = "status-" + c.status;
+  set("send_rate", fmt(c.send_rate, 3) + "/s");
+  set("weight", fmt(c.weight ?? 1, 2));
+  set("algorithm", c.algorithm + (c.burst ? ` (burst ${c.burst})` : ""));
+  set("schedule", scheduleText(c));
+  set("eta", etaText(c));
+  set("rate_10s", fmt(c.rate_10s, 1) + "/s");
+  renderProgress($("#cp-progress"), c.progress);
+  for (const k of ["sent", "failed", "rejected", "invalid", "expired", "cancelled", "retried"]) {
+    set(k, fmt(c[k] ?? 0));
+  }
+  campaignPage.controls.update(c);
+}
+
+async function refreshCampaignPage() {
+  const id = campaignPage.id;
+  const res = await fetch(campaignPath(id));
+  if (campaignPage.id !== id) return;
+  if (res.status === 404) {
+    $("#cp-missing").hidden = false;
+    return;
+  }
+  if (!res.ok) throw new Error(res.status + " " + res.statusText);
+  const c = await res.json();
+  campaignPage.campaign = c;
+  renderCampaignHead(c);
+  const now = Date.now();
+  const reads = [];
+  if (now - campaignPage.loaded.events >= EVENTS_EVERY_MS) reads.push(loadEvents(id));
+  if (now - campaignPage.loaded.series >= RANGES[campaignPage.range]) reads.push(loadSeries(id));
+  if (now - campaignPage.loaded.dead >= DEAD_LETTERS_EVERY_MS) reads.push(loadDeadLetters(id));
+  await Promise.all(reads);
+  $("#cp-dead-ask").hidden = !!storedToken();
+  drawCampaignChart();
+}
+
+function showRange() {
+  for (const b of document.querySelectorAll("#cp-ranges button")) {
+    b.classList.toggle("on", b.dataset.last === campaignPage.range);
+  }
+}
+
+for (const b of document.querySelectorAll("#cp-ranges button")) {
+  b.addEventListener("click", () => {
+    campaignPage.range = b.dataset.last;
+    campaignPage.loaded.series = 0;
+    showRange();
+    window.pushpace.refresh();
+  });
+}
+
+$("#cp-dead-ask").addEventListener("click", () => {
+  if (adminToken()) {
+    campaignPage.loaded.dead = 0;
+    window.pushpace.refresh();
+  }
+});

@@ -1,0 +1,256 @@
+//! The campaign lifecycle in the API: start and expiry fields, cancel, the settings
+//! history, and each campaign's progress and ETA.
+//!
+//! Progress counts what the store has finished (delivered, failed, invalid, rejected,
+//! skipped, capped, expired, cancelled) against what is known to remain: the devices
+//! the worker holds and those in its parked jobs. Jobs still in Kafka that no worker has
+//! read are unknown per campaign, so the ETA says what it rests on: `known` (held and
+//! parked devices) or `total` (the producer's `campaign_total_devices`).
+
+use super::error::ApiError;
+use super::handlers::{load_view, CampaignView};
+use super::{AppState, CampaignId};
+use crate::store::campaigns::{self, CampaignStatus, CampaignSummary};
+use crate::store::events::{self, CampaignEvent};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use chrono::{DateTime, Utc};
+
+/// The header a client may name itself with in `campaign_events` (the CLI sends `cli`).
+pub const ACTOR_HEADER: &str = "x-pushpace-actor";
+
+/// Who made a change: the client's `x-pushpace-actor`, else `api`.
+pub fn actor(headers: &HeaderMap) -> Result<String, ApiError> {
+    let Some(v) = headers.get(ACTOR_HEADER) else {
+        return Ok("api".into());
+    };
+    let name = v
+        .to_str()
+        .map_err(|_| ApiError::invalid(ACTOR_HEADER, "must be ASCII"))?;
+    campaigns::validate_actor(name)?;
+    Ok(name.to_string())
+}
+
+/// A `start_at` / `expires_at` value of a PUT: RFC 3339, unix seconds, or null (clear).
+pub fn instant_field(
+    field: &'static str,
+    v: &serde_json::Value,
+) -> Result<Option<DateTime<Utc>>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            field,
+            format!("must be an RFC 3339 time, unix seconds or null, got {v}"),
+        )
+    };
+    match v {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::String(s) => DateTime::parse_from_rfc3339(s)
+            .map(|t| Some(t.with_timezone(&Utc)))
+            .map_err(|e| ApiError::invalid(field, format!("{s:?} is not an RFC 3339 time: {e}"))),
+        serde_json::Value::Number(n) => {
+            let secs = n.as_f64().ok_or_else(bad)?;
+            if !(0.0..=crate::job::MAX_UNIX_S as f64).contains(&secs) {
+                return Err(ApiError::invalid(
+                    field,
+                    format!(
+                        "must be unix seconds from 0 to {} (the year 9999), got {n}",
+                        crate::job::MAX_UNIX_S
+                    ),
+                ));
+            }
+            DateTime::from_timestamp_millis((secs * 1000.0).round() as i64)
+                .map(Some)
+                .ok_or_else(bad)
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// How far along a campaign is.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Progress {
+    /// Delivered.
+    pub sent: i64,
+    /// Finished by an answer or an end: delivered, failed, invalid, rejected, expired,
+    /// cancelled (not the devices skipped or capped at intake).
+    pub finished: i64,
+    /// Devices the worker holds or has parked, not finished.
+    pub known_remaining: u64,
+    /// The campaign's size, when its jobs state it.
+    pub total: Option<u64>,
+    /// finished / total, when the total is known.
+    pub fraction: Option<f64>,
+}
+
+/// When a campaign should finish at its current rate.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Eta {
+    /// Seconds from now; null when nothing is known to remain, or it does not send.
+    pub seconds: Option<f64>,
+    /// The rate it rests on: the worker's effective rate, else the send_rate.
+    pub rate: f64,
+    /// `known`: held and parked devices; `total`: the stated total minus the finished.
+    pub basis: &'static str,
+}
+
+/// What the worker knows of a campaign beyond its store row.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WorkerCounts {
+    pub held: u64,
+    pub parked: u64,
+    pub total: Option<u64>,
+    pub effective_rate: Option<f64>,
+    pub waiting_start: bool,
+}
+
+/// Progress and ETA from the store's totals and the worker's counts.
+pub fn progress(s: &CampaignSummary, w: WorkerCounts) -> (Progress, Eta) {
+    let finished = s.sent + s.failed + s.invalid + s.rejected + s.expired + s.cancelled;
+    let known_remaining = w.held + w.parked;
+    let rate = w.effective_rate.unwrap_or(s.campaign.send_rate);
+    let (remaining, basis) = match w.total {
+        Some(t) => (t.saturating_sub(finished.max(0) as u64), "total"),
+        None => (known_remaining, "known"),
+    };
+    let sending = matches!(s.campaign.status, CampaignStatus::Active);
+    let seconds = (sending && remaining > 0 && rate > 0.0).then(|| remaining as f64 / rate);
+    let progress = Progress {
+        sent: s.sent,
+        finished,
+        known_remaining,
+        total: w.total,
+        fraction: w
+            .total
+            .map(|t| (finished.max(0) as f64 / t.max(1) as f64).min(1.0)),
+    };
+    (
+        progress,
+        Eta {
+            seconds,
+            rate,
+            basis,
+        },
+    )
+}
+
+/// `POST /api/campaigns/{id}/cancel`: final. The worker ends its jobs within a second.
+pub async fn cancel(
+    State(state): State<AppState>,
+    CampaignId(id): CampaignId,
+    headers: HeaderMap,
+) -> Result<Json<CampaignView>, ApiError> {
+    let who = actor(&headers)?;
+    let campaign =
+        campaigns::set_status_by(state.pool(), &id, CampaignStatus::Cancelled, Some(&who)).await?;
+    tracing::info!(campaign = %campaign.id, actor = %who, "campaign cancelled through the API");
+    Ok(Json(load_view(&state, &id).await?))
+}
+
+/// `GET /api/campaigns/{id}/events`: its settings history, oldest first.
+pub async fn list_events(
+    State(state): State<AppState>,
+    CampaignId(id): CampaignId,
+) -> Result<Json<Vec<CampaignEvent>>, ApiError> {
+    if campaigns::get(state.pool(), &id).await?.is_none() {
+        return Err(ApiError::CampaignNotFound(id));
+    }
+    Ok(Json(
+        events::list(state.pool(), &id, events::MAX_EVENTS).await?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+    use crate::store::campaigns::Campaign;
+
+    fn summary(sent: i64, expired: i64, status: CampaignStatus) -> CampaignSummary {
+        let now = Utc::now();
+        CampaignSummary {
+            campaign: Campaign {
+                id: "c".into(),
+                send_rate: 100.0,
+                algorithm: Algorithm::Gcra,
+                burst: 0,
+                status,
+                limiter_scope: None,
+                halt_reason: None,
+                halted_at: None,
+                weight: 1.0,
+                start_at: None,
+                expires_at: None,
+                created_at: now,
+                updated_at: now,
+            },
+            sent,
+            failed: 0,
+            retried: 7,
+            invalid: 0,
+            rejected: 0,
+            expired,
+            cancelled: 0,
+            rate_10s: 0.0,
+        }
+    }
+
+    #[test]
+    fn eta_rests_on_the_known_devices_or_the_stated_total() {
+        let w = WorkerCounts {
+            held: 300,
+            parked: 700,
+            effective_rate: Some(50.0),
+            ..Default::default()
+        };
+        let (p, eta) = progress(&summary(400, 100, CampaignStatus::Active), w);
+        assert_eq!(
+            (p.finished, p.known_remaining, p.fraction),
+            (500, 1000, None)
+        );
+        assert_eq!(
+            (eta.seconds, eta.rate, eta.basis),
+            (Some(20.0), 50.0, "known")
+        );
+
+        let w = WorkerCounts {
+            total: Some(2_000),
+            ..w
+        };
+        let (p, eta) = progress(&summary(400, 100, CampaignStatus::Active), w);
+        assert_eq!(p.fraction, Some(0.25));
+        assert_eq!((eta.seconds, eta.basis), (Some(30.0), "total"));
+
+        // No worker: the send_rate; paused: no ETA.
+        let (_, eta) = progress(
+            &summary(0, 0, CampaignStatus::Active),
+            WorkerCounts {
+                parked: 100,
+                ..Default::default()
+            },
+        );
+        assert_eq!((eta.seconds, eta.rate), (Some(1.0), 100.0));
+        let (_, eta) = progress(&summary(0, 0, CampaignStatus::Paused), w);
+        assert_eq!(eta.seconds, None);
+    }
+
+    #[test]
+    fn instants_in_a_put() {
+        let t = instant_field("start_at", &serde_json::json!("2026-11-25T10:00:00Z")).unwrap();
+        assert_eq!(t.unwrap().timestamp(), 1_795_600_800);
+        let t = instant_field("start_at", &serde_json::json!(1_795_600_800)).unwrap();
+        assert_eq!(t.unwrap().timestamp(), 1_795_600_800);
+        assert_eq!(
+            instant_field("start_at", &serde_json::Value::Null).unwrap(),
+            None
+        );
+        for bad in [
+            serde_json::json!("soon"),
+            serde_json::json!(-1),
+            serde_json::json!(1e15),
+            serde_json::json!(true),
+        ] {
+            assert!(instant_field("expires_at", &bad).is_err(), "{bad}");
+        }
+    }
+}
