@@ -78,6 +78,9 @@ impl CampaignBacklog {
     }
 }
 
+/// Devices in each campaign's parked jobs.
+pub type ParkedDevices = Arc<Vec<(Arc<str>, u64)>>;
+
 /// The consumer's lookahead bookkeeping, per campaign.
 #[derive(Debug)]
 pub struct Backlog {
@@ -91,7 +94,7 @@ pub struct Backlog {
     /// Changes whenever a job is parked or leaves the parked queues.
     parked_version: u64,
     /// [`Self::parked_devices`] as of a version: rebuilt only when that changed.
-    parked_snapshot: (u64, Arc<Vec<(Arc<str>, u64)>>),
+    parked_snapshot: (u64, ParkedDevices),
 }
 
 impl Backlog {
@@ -339,7 +342,7 @@ impl Backlog {
 
     /// Devices in each campaign's parked jobs, for campaigns that have some (rebuilt
     /// only after a change: the consumer publishes it every step).
-    pub fn parked_devices(&mut self) -> Arc<Vec<(Arc<str>, u64)>> {
+    pub fn parked_devices(&mut self) -> ParkedDevices {
         if self.parked_snapshot.0 != self.parked_version {
             let list = self
                 .campaigns

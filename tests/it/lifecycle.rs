@@ -443,3 +443,109 @@ async fn cancel_ends_held_parked_and_later_jobs() {
     );
     worker.shutdown().await.expect("graceful shutdown");
 }
+
+/// Progress and ETA through the API next to a real worker: the devices it holds and has
+/// parked are `known_remaining`; with `campaign_total_devices` the ETA rests on the
+/// stated total; the effective rate is the one used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_and_eta_count_held_and_parked_devices() {
+    use crate::api::{app_settings, spawn_app_on, TOKEN};
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(1).await;
+    let (slow, sized) = (unique_name("slow"), unique_name("sized"));
+    for id in [&slow, &sized] {
+        put(
+            &pool,
+            id,
+            CampaignPatch {
+                send_rate: Some(10.0),
+                ..Default::default()
+            },
+        )
+        .await;
+    }
+    let stated = Lifecycle {
+        campaign_total_devices: Some(5_000),
+        ..Default::default()
+    };
+    let mut jobs: Vec<Job> = (0..5)
+        .map(|j| job(&format!("{slow}-{j}"), &slow, 100, Lifecycle::default()))
+        .collect();
+    jobs.push(job(&format!("{sized}-0"), &sized, 100, stated));
+    produce_jobs(&topic, &jobs).await;
+    let extra = [
+        ("kafka.topic", topic.clone()),
+        ("kafka.group_id", unique_name("g")),
+        ("sender.kind", "null".to_string()),
+        ("worker.stats_flush_ms", "200".to_string()),
+        ("worker.lookahead_ms", "1000".to_string()),
+    ];
+    let settings = app_settings(TOKEN, &db_url, &extra);
+    let sender = pushpace::provider::build::build(&settings).unwrap();
+    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
+        .await
+        .expect("start worker");
+    let view = pushpace::api::WorkerView::of(&worker);
+    let api = spawn_app_on(pool.clone(), db_url, TOKEN, Some(view), None, &extra).await;
+    wait_for(
+        "both held, four of slow's jobs parked",
+        GROUP_JOIN_LIMIT,
+        || {
+            let live = worker.scheduler_stats.borrow().campaigns.clone();
+            live.len() == 2 && worker.consumer_stats.borrow().parked_jobs == 4
+        },
+    )
+    .await;
+    let r = api.get(&format!("/api/campaigns/{slow}")).await;
+    let p = &r.body["progress"];
+    let (held, parked) = (
+        r.body["live"]["held_devices"].as_u64().unwrap(),
+        r.body["live"]["parked_devices"].as_u64().unwrap(),
+    );
+    assert_eq!(parked, 400, "{}", r.text);
+    assert!(held > 0 && held <= 100, "{}", r.text);
+    assert_eq!(
+        p["known_remaining"].as_u64(),
+        Some(held + parked),
+        "{}",
+        r.text
+    );
+    assert!(p["total"].is_null(), "{}", r.text);
+    let eta = &r.body["eta"];
+    assert_eq!(eta["basis"], "known", "{}", r.text);
+    assert_eq!(eta["rate"].as_f64(), Some(10.0), "{}", r.text);
+    let secs = eta["seconds"].as_f64().unwrap();
+    assert!(
+        (secs - (held + parked) as f64 / 10.0).abs() < 1e-6,
+        "{}",
+        r.text
+    );
+
+    let r = api.get(&format!("/api/campaigns/{sized}")).await;
+    assert_eq!(
+        r.body["progress"]["total"].as_u64(),
+        Some(5_000),
+        "{}",
+        r.text
+    );
+    assert_eq!(r.body["eta"]["basis"], "total", "{}", r.text);
+    let finished = r.body["progress"]["finished"].as_i64().unwrap();
+    let secs = r.body["eta"]["seconds"].as_f64().unwrap();
+    assert!(
+        (secs - (5_000 - finished) as f64 / 10.0).abs() < 1e-6,
+        "{}",
+        r.text
+    );
+    // The list gives the same fields.
+    let list = api.get("/api/campaigns").await;
+    let item = list
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == *sized)
+        .unwrap();
+    assert_eq!(item["eta"]["basis"], "total");
+    worker.shutdown().await.expect("graceful shutdown");
+    api.app.stop().await.expect("server stops");
+}
