@@ -142,8 +142,9 @@ pub struct StatsArgs {
 
 #[derive(Subcommand, Debug, Clone)]
 pub enum StatsCommand {
-    /// Deletes per-second counts, finished job progress, flush markers and dead letters
-    /// older than a span.
+    /// Deletes per-second and per-minute counts, finished job progress, flush markers and
+    /// dead letters older than a span, then rolls per-second counts older than
+    /// `database.rollup_after_ms` into per-minute ones.
     Prune {
         /// 30d, 12h, …
         #[arg(long, value_name = "SPAN")]
@@ -151,7 +152,7 @@ pub enum StatsCommand {
         /// Keeps dead letters for this span instead (default: --older-than).
         #[arg(long, value_name = "SPAN")]
         dead_letters_older_than: Option<String>,
-        /// Rows per DELETE statement.
+        /// Rows per DELETE (or rollup) statement.
         #[arg(long, default_value_t = 10_000)]
         batch: i64,
     },
@@ -643,7 +644,8 @@ pub async fn run_stats(args: &StatsArgs, settings: &Settings) -> Result<String, 
         .call(reqwest::Method::GET, url.clone(), None, false)
         .await?;
     let campaign: CampaignOut = decode(&url, &bytes)?;
-    let series_url = format!("{url}/series?last={}s", span.num_seconds());
+    // Per second, as the table's heading says, also for spans the API would sum.
+    let series_url = format!("{url}/series?last={}s&step=1", span.num_seconds());
     let bytes = client
         .call(reqwest::Method::GET, series_url.clone(), None, false)
         .await?;
@@ -682,13 +684,29 @@ async fn prune(
         settings.database.connect_timeout(),
     )
     .await?;
-    let report = crate::store::prune_with_dead_letters(&pool, span, dead_letters_span, batch).await;
+    // Pruning first: seconds about to be deleted are not rolled up for nothing.
+    let rollup_after = settings.database.rollup_after();
+    let report = async {
+        let pruned =
+            crate::store::prune_with_dead_letters(&pool, span, dead_letters_span, batch).await?;
+        let rolled = crate::store::rollup::roll_up(&pool, rollup_after, batch).await?;
+        Ok::<_, crate::store::StoreError>((pruned, rolled))
+    }
+    .await;
     pool.close().await;
-    let report = report?;
+    let (report, rolled) = report?;
     Ok(format!(
-        "pruned older than {older_than}: {} per-second rows, {} finished job progress rows, {} flush markers; \
-         dead letters older than {dead_letters_older_than}: {}\n",
-        report.seconds_deleted, report.progress_deleted, report.markers_deleted, report.dead_letters
+        "pruned older than {older_than}: {} per-second rows, {} finished job progress rows, {} flush markers, \
+         {} per-minute rows; dead letters older than {dead_letters_older_than}: {}\n\
+         rolled up older than {} h: {} per-second rows into {} per-minute rows\n",
+        report.seconds_deleted,
+        report.progress_deleted,
+        report.markers_deleted,
+        report.minutes_deleted,
+        report.dead_letters,
+        rollup_after.num_hours(),
+        rolled.seconds_rolled,
+        rolled.minutes_written
     ))
 }
 

@@ -5,6 +5,7 @@ use super::error::ApiError;
 use super::lifecycle::{self, Eta, Progress, WorkerCounts};
 use super::{AppState, CampaignId};
 use crate::limiter::Algorithm;
+use crate::store::campaign_list::{self, ListQuery};
 use crate::store::campaigns::{self, CampaignPatch, CampaignStatus, CampaignSummary};
 use crate::store::{dead_letters, delivery, StoredDeadLetter, MIGRATOR};
 use crate::worker::scheduler::CampaignLive;
@@ -314,15 +315,31 @@ fn live_campaigns(state: &AppState) -> Live {
     }
 }
 
+/// `?limit=&after=&status=&order=id|active_first`: a page, its next cursor in the
+/// `x-next-after` header (absent on the last page); no parameter: the whole list.
 pub async fn list_campaigns(
     State(state): State<AppState>,
-) -> Result<Json<Vec<CampaignView>>, ApiError> {
+    query: Params,
+) -> Result<Response, ApiError> {
+    let q = params(query, &["limit", "after", "status", "order"])?;
+    let arg = |k: &str| q.get(k).map(String::as_str);
+    let list = ListQuery::parse(arg("limit"), arg("after"), arg("status"), arg("order"))?;
     let now = Utc::now();
-    let summaries = campaigns::list(state.pool(), now).await?;
+    let page = campaign_list::page(state.pool(), now, &list).await?;
     let live = live_campaigns(&state);
-    Ok(Json(
-        summaries.into_iter().map(|s| view(s, &live, now)).collect(),
-    ))
+    let views: Vec<CampaignView> = page
+        .items
+        .into_iter()
+        .map(|s| view(s, &live, now))
+        .collect();
+    let mut response = Json(views).into_response();
+    if let Some(next) = page.next {
+        // Ids are ASCII from [A-Za-z0-9._:-]: always a valid header value.
+        let value = header::HeaderValue::from_str(&next.to_text(list.order))
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        response.headers_mut().insert("x-next-after", value);
+    }
+    Ok(response)
 }
 
 pub(super) async fn load_view(state: &AppState, id: &str) -> Result<CampaignView, ApiError> {

@@ -4,7 +4,7 @@
 //! - `GET /metrics`: Prometheus text ([`crate::metrics`]);
 //! - `GET /api/campaigns`, `GET|PUT /api/campaigns/{id}`,
 //!   `POST /api/campaigns/{id}/pause|resume|cancel`, `GET /api/campaigns/{id}/series`,
-//!   `GET /api/campaigns/{id}/events` (its settings history);
+//!   `GET /api/campaigns/{id}/events` (its settings history), `GET /api/summary`;
 //! - `GET /api/dead-letters` (admin token: it holds device tokens and payloads);
 //! - `GET /`: the dashboard, its script and the vendored uPlot, all built into the binary.
 //!
@@ -96,6 +96,8 @@ struct Inner {
     broker_timeout: Duration,
     worker: Option<WorkerView>,
     metrics: Option<PrometheusHandle>,
+    /// `limiter.global_rate`, for the summary.
+    global_rate: Option<f64>,
 }
 
 impl AppState {
@@ -117,6 +119,7 @@ impl AppState {
                 broker_timeout: Duration::from_secs(2),
                 worker,
                 metrics,
+                global_rate: settings.limiter.global_rate().map(|r| r.as_f64()),
             }),
         }
     }
@@ -128,6 +131,11 @@ impl AppState {
     pub(crate) fn admin_token(&self) -> Option<&str> {
         let t = self.inner.admin_token.expose_secret();
         (!t.is_empty()).then_some(t)
+    }
+
+    /// The configured cap over all campaigns, per second.
+    pub(crate) fn global_rate(&self) -> Option<f64> {
+        self.inner.global_rate
     }
 
     pub(crate) fn worker(&self) -> Option<&WorkerView> {

@@ -64,6 +64,7 @@ pub async fn get(State(state): State<AppState>) -> Result<Json<Summary>, ApiErro
     let providers = state.worker().map(|w| w.providers()).unwrap_or_default();
     let mut summary = summarise(&list, &live, now);
     summary.dead_letters_last_hour = dead_letters;
+    summary.caps.global = state.global_rate();
     summary.providers = providers
         .iter()
         .map(|p| ProviderState {

@@ -155,11 +155,27 @@ pub struct DatabaseSettings {
     pub url: SecretString,
     pub max_connections: u32,
     pub connect_timeout_ms: u64,
+    /// `stats prune` rolls per-second counts older than this into per-minute ones.
+    #[serde(default = "default_rollup_after_ms")]
+    pub rollup_after_ms: u64,
+}
+
+/// 48 h: two days of per-second charts, then minutes.
+fn default_rollup_after_ms() -> u64 {
+    48 * 3_600_000
 }
 
 impl DatabaseSettings {
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// [`DatabaseSettings::rollup_after_ms`] as a span.
+    pub fn rollup_after(&self) -> chrono::Duration {
+        i64::try_from(self.rollup_after_ms)
+            .ok()
+            .and_then(chrono::Duration::try_milliseconds)
+            .unwrap_or(chrono::Duration::MAX)
     }
 
     /// The URL with any password replaced, for logs and messages.
@@ -226,6 +242,7 @@ impl std::fmt::Debug for DatabaseSettings {
             .field("url", &self.url_for_display())
             .field("max_connections", &self.max_connections)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("rollup_after_ms", &self.rollup_after_ms)
             .finish()
     }
 }

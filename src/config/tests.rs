@@ -83,6 +83,15 @@ fn invalid_values_name_the_key() {
         let e = load(&[("PUSHPACE__KAFKA__FETCH_WAIT_MAX_MS", bad)], &[]).unwrap_err();
         assert_eq!(e.to_string(), "kafka.fetch_wait_max_ms: must be 1–5000");
     }
+    for bad in ["3600000", "31536000001"] {
+        let e = load(&[], &[&format!("database.rollup_after_ms={bad}")]).unwrap_err();
+        assert!(
+            e.to_string().starts_with("database.rollup_after_ms: "),
+            "{e}"
+        );
+    }
+    let s = load(&[], &[]).unwrap();
+    assert_eq!(s.database.rollup_after(), chrono::Duration::hours(48));
     let e = load(&[], &["limiter.algorithm=magic"]).unwrap_err();
     assert!(e.to_string().contains("magic"), "{e}");
     let e = load(&[("PUSHPACE__SENDER__HTTP1_CLIENT", "curl")], &[]).unwrap_err();

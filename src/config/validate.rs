@@ -65,6 +65,13 @@ impl Settings {
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be > 0"));
         }
+        // Below a day, per-second series (up to 24 h) would miss their rolled-up part.
+        if !(86_400_000..=31_536_000_000).contains(&self.database.rollup_after_ms) {
+            return Err(invalid(
+                "database.rollup_after_ms",
+                "must be 86400000–31536000000 (1 day to 365 days)",
+            ));
+        }
         Ok(())
     }
 

@@ -5,10 +5,11 @@
 //! names the field; the CHECK constraints in the schema are the backstop, and their
 //! violations are mapped to the same field by [`StoreError`]'s `From<sqlx::Error>`.
 
+pub use super::campaign_list::list;
 use super::StoreError;
 use crate::config::LimiterScope;
 use crate::limiter::{Algorithm, Rate};
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 /// Longest campaign id, in characters (the job format's rule).
@@ -232,11 +233,12 @@ pub fn validate_burst(burst: i64) -> Result<i32, StoreError> {
     Ok(burst as i32)
 }
 
-const COLUMNS: &str = "id, send_rate, algorithm, burst, status, limiter_scope, halt_reason, \
+pub(super) const COLUMNS: &str =
+    "id, send_rate, algorithm, burst, status, limiter_scope, halt_reason, \
                        halted_at, weight, start_at, expires_at, created_at, updated_at";
 
 #[derive(sqlx::FromRow)]
-struct CampaignRow {
+pub(super) struct CampaignRow {
     id: String,
     send_rate: f64,
     algorithm: String,
@@ -547,69 +549,6 @@ pub async fn get_many(pool: &PgPool, ids: &[String]) -> Result<Vec<Campaign>, St
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(Campaign::try_from).collect()
-}
-
-#[derive(sqlx::FromRow)]
-struct SummaryRow {
-    #[sqlx(flatten)]
-    campaign: CampaignRow,
-    sent: i64,
-    failed: i64,
-    retried: i64,
-    invalid: i64,
-    rejected: i64,
-    expired: i64,
-    cancelled: i64,
-    rate_10s: f64,
-}
-
-/// Every campaign with its lifetime totals (`campaign_totals`) and its send rate over the 10 complete seconds
-/// before `now` (the current, partial second is left out).
-pub async fn list(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<CampaignSummary>, StoreError> {
-    let end = truncate_to_second(now);
-    let start = end - Duration::seconds(10);
-    let rows: Vec<SummaryRow> = sqlx::query_as(
-        "SELECT c.id, c.send_rate, c.algorithm, c.burst, c.status, c.limiter_scope, \
-                c.halt_reason, c.halted_at, c.weight, c.start_at, c.expires_at, \
-                c.created_at, c.updated_at, \
-                COALESCE(t.sent, 0)::int8 AS sent, \
-                COALESCE(t.failed, 0)::int8 AS failed, \
-                COALESCE(t.retried, 0)::int8 AS retried, \
-                COALESCE(t.invalid, 0)::int8 AS invalid, \
-                COALESCE(t.rejected, 0)::int8 AS rejected, \
-                COALESCE(t.expired, 0)::int8 AS expired, \
-                COALESCE(t.cancelled, 0)::int8 AS cancelled, \
-                COALESCE(r.sent, 0)::float8 / 10.0 AS rate_10s \
-         FROM campaigns c \
-         LEFT JOIN LATERAL ( \
-             SELECT sum(t.sent) AS sent, sum(t.failed) AS failed, sum(t.retried) AS retried, \
-                    sum(t.invalid) AS invalid, sum(t.rejected) AS rejected, \
-                    sum(t.expired) AS expired, sum(t.cancelled) AS cancelled \
-             FROM campaign_totals t WHERE t.campaign_id = c.id) t ON true \
-         LEFT JOIN LATERAL ( \
-             SELECT sum(d.sent) AS sent FROM delivery_seconds d \
-             WHERE d.campaign_id = c.id AND d.second >= $1 AND d.second < $2) r ON true \
-         ORDER BY c.id",
-    )
-    .bind(start)
-    .bind(end)
-    .fetch_all(pool)
-    .await?;
-    rows.into_iter()
-        .map(|row| {
-            Ok(CampaignSummary {
-                campaign: row.campaign.try_into()?,
-                sent: row.sent,
-                failed: row.failed,
-                retried: row.retried,
-                invalid: row.invalid,
-                rejected: row.rejected,
-                expired: row.expired,
-                cancelled: row.cancelled,
-                rate_10s: row.rate_10s,
-            })
-        })
-        .collect()
 }
 
 /// `t` with its sub-second part dropped.

@@ -2,7 +2,10 @@
 //! per-second delivery stats, job progress and dead letters.
 //!
 //! - [`campaigns`]: campaign settings (created by the first job or by the API).
-//! - [`delivery`]: per-second series and totals read from `delivery_seconds`.
+//! - [`campaign_list`]: the API's list, paged by keyset.
+//! - [`delivery`]: per-second series and totals read from `delivery_seconds`, and long
+//!   series that read `delivery_minutes` for their rolled-up part.
+//! - [`rollup`]: old seconds rolled into minutes.
 //! - [`progress`]: how far a job has got, looked up when it is (re)consumed.
 //! - [`dead_letters`]: messages and devices that could not be processed.
 //! - [`listen`]: [`listen::CampaignWatcher`], campaign settings kept fresh by LISTEN/NOTIFY.
@@ -11,6 +14,7 @@
 //!
 //! The writes of counts and progress live in [`crate::stats`], which batches them.
 
+pub mod campaign_list;
 pub mod campaigns;
 pub mod dead_letters;
 pub mod delivery;
@@ -19,6 +23,7 @@ pub mod listen;
 pub mod offsets;
 pub mod progress;
 pub mod prune;
+pub mod rollup;
 
 pub use campaigns::{Campaign, CampaignDefaults, CampaignPatch, CampaignStatus, CampaignSummary};
 pub use dead_letters::{DeadLetter, StoredDeadLetter};
@@ -180,6 +185,11 @@ const CONSTRAINT_FIELDS: &[(&str, &str, &str)] = &[
     ),
     (
         "delivery_seconds_counts_non_negative",
+        "count",
+        "counts must be 0 or more",
+    ),
+    (
+        "delivery_minutes_counts_non_negative",
         "count",
         "counts must be 0 or more",
     ),
@@ -426,12 +436,13 @@ mod tests {
             DeadLetterKind::InvalidJob,
             DeadLetterKind::Undeliverable,
             DeadLetterKind::ExpiredOffset,
+            DeadLetterKind::Expired,
         ] {
             assert_eq!(kind.as_str().parse::<DeadLetterKind>().unwrap(), kind);
             let json = serde_json::to_string(&kind).unwrap();
             assert_eq!(json, format!("\"{}\"", kind.as_str()));
         }
         assert_eq!(DeadLetterKind::ExpiredOffset.as_str(), "expired_offset");
-        assert!("expired".parse::<DeadLetterKind>().is_err());
+        assert!("expiry".parse::<DeadLetterKind>().is_err());
     }
 }

@@ -12,6 +12,8 @@ pub struct PruneReport {
     pub seconds_deleted: u64,
     pub progress_deleted: u64,
     pub markers_deleted: u64,
+    /// Per-minute rows (rolled-up seconds, see [`super::rollup`]) deleted.
+    pub minutes_deleted: u64,
     /// Dead letters deleted ([`prune_before`] leaves them; see [`prune_dead_letters_before`]).
     pub dead_letters: u64,
 }
@@ -80,7 +82,7 @@ pub async fn prune_dead_letters_before(
     .await
 }
 
-/// Deletes the seconds before `cutoff`, the progress of jobs completed before it (never
+/// Deletes the seconds and minutes before `cutoff`, the progress of jobs completed before it (never
 /// an unfinished job's, nor one whose offset may still be re-delivered; see
 /// `PRUNE_PROGRESS`) and flush markers committed before it, at most `batch` rows per
 /// statement, each statement its own transaction.
@@ -103,6 +105,14 @@ pub async fn prune_before(
         batch,
     )
     .await?;
+    let minutes_deleted = in_batches(
+        pool,
+        "DELETE FROM delivery_minutes WHERE (campaign_id, minute) IN ( \
+             SELECT campaign_id, minute FROM delivery_minutes WHERE minute < $1 LIMIT $2)",
+        cutoff,
+        batch,
+    )
+    .await?;
     let progress_deleted = in_batches(pool, PRUNE_PROGRESS, cutoff, batch).await?;
     let markers_deleted = in_batches(
         pool,
@@ -116,6 +126,7 @@ pub async fn prune_before(
         seconds_deleted,
         progress_deleted,
         markers_deleted,
+        minutes_deleted,
         ..PruneReport::default()
     })
 }

@@ -192,6 +192,7 @@ impl Worker {
                 global_rate: settings.limiter.global_rate(),
                 limiters,
                 forget_after: Duration::from_millis(w.forget_idle_after_ms),
+                visit_all_every: None,
             },
             Arc::clone(&providers),
             recorder,

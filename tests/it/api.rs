@@ -802,7 +802,7 @@ async fn series_fills_gaps_with_zeros_and_bounds_the_range() {
     }
     // Exactly 24 h is allowed.
     let r = app
-        .get("/api/campaigns/s1/series?from=2026-01-04T12:00:00Z&to=2026-01-05T12:00:00Z")
+        .get("/api/campaigns/s1/series?from=2026-01-04T12:00:00Z&to=2026-01-05T12:00:00Z&step=1")
         .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body.as_array().unwrap().len(), 86_400);

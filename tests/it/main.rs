@@ -24,6 +24,7 @@ mod provider_transport;
 mod providers_cli;
 mod providers_e2e;
 mod reliability;
+mod scale;
 mod sender;
 mod series;
 mod store;

@@ -215,3 +215,20 @@ async fn the_summary_counts_campaigns_rates_and_recent_dead_letters() {
     assert!(b["caps"]["global"].is_null(), "{}", r.text);
     app.app.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_summary_shows_the_configured_global_cap() {
+    let (pool, url) = crate::helpers::fresh_database().await;
+    let app = crate::api::spawn_app_on(
+        pool,
+        url,
+        crate::api::TOKEN,
+        None,
+        None,
+        &[("limiter.global_rate", "600".to_string())],
+    )
+    .await;
+    let r = app.get("/api/summary").await;
+    assert_eq!(r.body["caps"]["global"], 600.0, "{}", r.text);
+    app.app.stop().await.unwrap();
+}

@@ -111,7 +111,10 @@ function drawMarks(u) {
     ctx.moveTo(x, u.bbox.top);
     ctx.lineTo(x, u.bbox.top + u.bbox.height);
     ctx.stroke();
-    ctx.fillText(m.label, x + 4, u.bbox.top + 12 * devicePixelRatio * (1 + (drawn % 3)));
+    // Labels go right of their line, or left of it near the right edge.
+    const w = ctx.measureText(m.label).width;
+    const left = x + 4 + w > u.bbox.left + u.bbox.width;
+    ctx.fillText(m.label, left ? x - 4 - w : x + 4, u.bbox.top + 12 * devicePixelRatio * (1 + (drawn % 3)));
     drawn++;
   }
   ctx.restore();

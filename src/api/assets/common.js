@@ -276,7 +276,7 @@ function etaText(c) {
   if (!e || isFinal(c.status)) return "–";
   if (e.seconds === null || e.seconds === undefined) return e.rate > 0 ? "–" : "stalled";
   const basis = e.basis === "total" ? "of total" : "known jobs";
-  return `~${humanSeconds(e.seconds)} (${basis})`;
+  return `~${humanSeconds(e.seconds)} · ${basis}`;
 }
 
 function scheduleText(c) {

@@ -147,6 +147,8 @@ impl Scheduler {
             self.finish_device(slot, device);
         }
         self.after_ended_answer(slot, now, unix_sec);
+        // Room in flight, a retry to schedule: its next turn has something to look at.
+        self.mark_ready(cslot);
         self.settle_mismatches_if_idle(cslot, now, unix_sec);
         self.check_revoke_done();
     }

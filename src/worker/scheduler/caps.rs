@@ -121,6 +121,7 @@ impl Scheduler {
                 c.limiter.set_rate(target, now);
                 c.effective_rate = target;
                 c.next_at = None;
+                self.mark_ready(slot);
             }
         }
     }

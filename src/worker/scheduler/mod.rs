@@ -38,6 +38,7 @@ use crate::limiter::{
 mod answers;
 mod caps;
 mod driver;
+mod due;
 mod jobs;
 mod lanes;
 mod lifecycle;
@@ -89,6 +90,9 @@ pub struct SchedulerConfig {
     pub limiters: Arc<dyn LimiterFactory>,
     /// A campaign's settings are forgotten once it has had no job this long.
     pub forget_after: Duration,
+    /// How often every active campaign is visited whatever it named (`None`: 1 s; zero:
+    /// every round, as a baseline for the benchmarks).
+    pub visit_all_every: Option<Duration>,
 }
 
 /// The shipped defaults (config/base.toml) with in-process limiters and no global cap.
@@ -106,6 +110,7 @@ impl Default for SchedulerConfig {
             global_rate: None,
             limiters: Arc::new(LocalLimiters),
             forget_after: Duration::from_secs(600),
+            visit_all_every: None,
         }
     }
 }
@@ -185,6 +190,8 @@ struct Campaign {
     cancelled: u64,
     /// The largest `campaign_total_devices` its jobs stated.
     total_devices: Option<u64>,
+    /// In the ready list: visited next round.
+    ready: bool,
 }
 
 impl Campaign {
@@ -250,6 +257,14 @@ pub struct Scheduler {
     cancelled_total: metrics::Counter,
     /// The wall clock at a monotonic instant: (now, unix ms), set by the driver.
     wall: (Nanos, i64),
+    /// Active campaigns to visit next round (each once: `Campaign::ready`).
+    ready: Vec<u32>,
+    /// Active campaigns asleep until an instant: (when, slot), soonest first.
+    sleeping: BinaryHeap<Reverse<(Nanos, u32)>>,
+    /// When every active campaign was last visited (the net under a missed event).
+    last_visit_all: Nanos,
+    /// Summed send_rate of the active campaigns; `None`: to be summed again.
+    rate_sum: std::cell::Cell<Option<f64>>,
 }
 
 impl Scheduler {
@@ -314,6 +329,10 @@ impl Scheduler {
             expired_total: metrics::counter!("expired_total"),
             cancelled_total: metrics::counter!("cancelled_total"),
             wall: (0, 0),
+            ready: Vec::new(),
+            sleeping: BinaryHeap::new(),
+            last_visit_all: 0,
+            rate_sum: std::cell::Cell::new(None),
         }
     }
 

@@ -34,6 +34,11 @@ impl Scheduler {
             c.limiter = l;
         }
         c.next_at = None;
+        self.rate_sum.set(None);
+        self.mark_ready(slot);
+        let c = self.campaigns[slot as usize]
+            .as_mut()
+            .expect("indexed campaign");
         tracing::info!(campaign = %s.id, rate = %s.rate, algorithm = %s.algorithm, paused = s.paused, halted = s.halted, "campaign settings applied");
         let (halted, paused, cancelled) = (s.halted, s.paused, s.cancelled);
         c.settings = s;
@@ -176,6 +181,7 @@ impl Scheduler {
                 self.waiting.push_back(cslot);
             }
         }
+        self.mark_ready(cslot);
     }
 
     /// The campaign's slot; a new campaign takes the provider of its first job (for
@@ -213,6 +219,7 @@ impl Scheduler {
             expired: 0,
             cancelled: 0,
             total_devices: None,
+            ready: false,
         };
         let slot = match self.campaigns.iter().position(|c| c.is_none()) {
             Some(i) => {
@@ -234,6 +241,11 @@ impl Scheduler {
             .expect("campaign slot");
         c.active = true;
         self.active.push(slot);
+        self.rate_sum.set(None);
+        self.mark_ready(slot);
+        let c = self.campaigns[slot as usize]
+            .as_mut()
+            .expect("campaign slot");
         self.counters.max_active_seen = self.counters.max_active_seen.max(self.active.len());
         tracing::info!(campaign = %c.settings.id, active = self.active.len(), "campaign active");
         self.rebalance(self.now_hint);
@@ -256,6 +268,7 @@ impl Scheduler {
         let c = self.campaigns[slot as usize].take().expect("campaign slot");
         self.by_id.remove(&c.settings.id);
         self.active.retain(|&s| s != slot);
+        self.rate_sum.set(None);
         self.waiting.retain(|&s| s != slot);
         tracing::info!(campaign = %c.settings.id, "campaign idle");
         drop(c);

@@ -7,12 +7,7 @@ impl Scheduler {
     /// The round's quantum: short when rates are high, long when they are low. It aims at
     /// about 100 sends per round in total, within [quantum_min, quantum_max].
     pub fn quantum(&self) -> Duration {
-        let total: f64 = self
-            .active
-            .iter()
-            .filter_map(|&s| self.campaigns[s as usize].as_ref())
-            .map(|c| c.settings.rate.as_f64())
-            .sum();
+        let total = self.rate_sum();
         if total <= 0.0 {
             return self.config.quantum_max;
         }
@@ -36,23 +31,16 @@ impl Scheduler {
             return self.letters_wake(now);
         }
         let share = (self.config.max_in_flight / n).max(1) as u32;
-        let mut next_wake: Option<Nanos> = None;
-        let start = self.rotate % n;
-        self.rotate = self.rotate.wrapping_add(1);
+        self.wake_due(now);
         // Campaigns that go idle in this round are released after it, so that the
         // active list does not change under the loop.
         self.in_round = true;
-        for k in 0..n {
-            let slot = self.active[(start + k) % n];
-            if let Some(t) = self.turn(slot, share, now, unix_sec) {
-                next_wake = Some(next_wake.map_or(t, |w: Nanos| w.min(t)));
-            }
-        }
+        self.visit_ready(share, now, unix_sec);
         self.in_round = false;
         while let Some(slot) = self.deferred_release.pop() {
             self.release_campaign_if_idle(slot);
         }
-        match (next_wake, self.letters_wake(now)) {
+        match (self.next_due(), self.letters_wake(now)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }

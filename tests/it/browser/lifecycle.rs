@@ -1,10 +1,12 @@
 //! The campaign lifecycle from the dashboard in headless Chromium, against a real worker:
 //! the summary strip, a weight set and a campaign cancelled through the in-page dialogs,
-//! and the campaign's page with its counts, settings history, dead letters and chart
-//! over three ranges (the server sums the long ones into steps).
+//! the campaign's page with its counts, settings history, dead letters and chart over
+//! three ranges (the server sums the long ones into steps), and a start set through
+//! the schedule dialog.
 
 use super::{browser_lock, Browser, Page};
 use crate::api::{spawn_worker_app, TestApp};
+use chrono::{DateTime, Utc};
 use pushpace::store::{DeadLetter, DeadLetterKind};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -302,6 +304,49 @@ async fn check_chart(page: &mut Page, api: &TestApp, id: &str) -> Value {
     at5m
 }
 
+/// Sets a start in the future through the schedule dialog (its datetime-local input
+/// filled by script: typing into one depends on the locale); the expiry stays unset.
+async fn set_start(page: &mut Page, api: &TestApp, id: &str) {
+    let row = format!("tr[data-id={id:?}]");
+    page.click(&format!("{row} button.set-start")).await;
+    page.wait_until(
+        "the schedule dialog",
+        Duration::from_secs(5),
+        "$('#ask').open",
+    )
+    .await;
+    let want = page
+        .eval(
+            "$('#ask input[name=start_at]').value = '2030-01-02T03:04'; \
+             new Date('2030-01-02T03:04').toISOString()",
+        )
+        .await;
+    let want: DateTime<Utc> = want.as_str().unwrap().parse().unwrap();
+    page.click("#ask-ok").await;
+    wait_api(page, api, id, "the start", |c| {
+        c["start_at"]
+            .as_str()
+            .and_then(|t| t.parse::<DateTime<Utc>>().ok())
+            == Some(want)
+    })
+    .await;
+    let r = api.get(&format!("/api/campaigns/{id}")).await;
+    assert!(
+        r.body["expires_at"].is_null(),
+        "only the start was sent: {}",
+        r.text
+    );
+    page.wait_until(
+        "the row and the summary strip to show it scheduled",
+        Duration::from_secs(10),
+        &format!(
+            "$('{row} td.schedule').textContent.startsWith('starts ') && {} === 1",
+            shown("#summary [data-k=scheduled]")
+        ),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_sets_weight_cancels_and_opens_a_campaign_page_in_chromium() {
     let _one = browser_lock().await;
@@ -356,6 +401,7 @@ async fn the_dashboard_sets_weight_cancels_and_opens_a_campaign_page_in_chromium
         "!$('#overview').hidden && $('#campaign-page').hidden",
     )
     .await;
+    set_start(&mut page, api, &run.plan.campaigns[0].id).await;
     assert_eq!(page.dialogs.len(), 1, "the token was kept for the tab");
     assert!(page.errors.is_empty(), "page errors: {:?}", page.errors);
     drop(page);

@@ -1,0 +1,112 @@
+//! Which campaigns a round visits: only those with something due, so that a round costs
+//! O(campaigns with work due), not O(all active). A campaign at 1/s is visited about
+//! once a second, when its limiter said, not in every 10 ms round.
+//!
+//! A turn that names an instant (its limiter's next permit, a retry, a start, a lane
+//! pause) puts the campaign to sleep until then; one that names none (no work, or
+//! paused) leaves it idle until an event marks it ready: a job, an answer, a settings
+//! change, a new share under a cap, activation. Sleep entries are not removed when a
+//! campaign wakes early: a stale one only costs one extra, harmless turn. As a net under
+//! an event this file might miss, every active campaign is visited once per
+//! [`VISIT_ALL_EVERY`].
+
+use super::*;
+
+/// How often every active campaign is visited whatever it said: a missed wake-up costs
+/// at most this much delay, and the visits cost O(active) once a second, not per round.
+pub(super) const VISIT_ALL_EVERY: Duration = Duration::from_secs(1);
+
+impl Scheduler {
+    /// The campaign has something new (a job, an answer, a setting): visit it next round.
+    pub(super) fn mark_ready(&mut self, slot: u32) {
+        let Some(c) = self
+            .campaigns
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+        else {
+            return;
+        };
+        if c.active && !c.ready {
+            c.ready = true;
+            self.ready.push(slot);
+        }
+    }
+
+    /// Moves the campaigns whose sleep ended by `now`, and on the net's schedule every
+    /// active one, to the ready list.
+    pub(super) fn wake_due(&mut self, now: Nanos) {
+        while let Some(&Reverse((t, slot))) = self.sleeping.peek() {
+            if t > now {
+                break;
+            }
+            self.sleeping.pop();
+            self.mark_ready(slot);
+        }
+        let every = self.visit_all_every();
+        if now.saturating_sub(self.last_visit_all) >= every {
+            self.last_visit_all = now;
+            for k in 0..self.active.len() {
+                let slot = self.active[k];
+                self.mark_ready(slot);
+            }
+        }
+    }
+
+    fn visit_all_every(&self) -> Nanos {
+        self.config
+            .visit_all_every
+            .unwrap_or(VISIT_ALL_EVERY)
+            .as_nanos() as Nanos
+    }
+
+    /// Visits the ready campaigns once each, from a rotating start; those that name an
+    /// instant sleep until it. Returns the earliest instant named.
+    pub(super) fn visit_ready(&mut self, share: u32, now: Nanos, unix_sec: u64) {
+        // Taken so that turns may mark campaigns ready for the next round; the buffer
+        // comes back, so a round allocates nothing.
+        let mut ready = std::mem::take(&mut self.ready);
+        let m = ready.len();
+        let start = if m == 0 { 0 } else { self.rotate % m };
+        self.rotate = self.rotate.wrapping_add(1);
+        for k in 0..m {
+            let slot = ready[(start + k) % m];
+            let Some(c) = self.campaigns[slot as usize].as_mut() else {
+                continue;
+            };
+            if !c.ready {
+                continue;
+            }
+            c.ready = false;
+            if !c.active {
+                continue;
+            }
+            if let Some(t) = self.turn(slot, share, now, unix_sec) {
+                self.sleeping.push(Reverse((t, slot)));
+            }
+        }
+        ready.clear();
+        ready.append(&mut self.ready);
+        self.ready = ready;
+    }
+
+    /// The earliest instant a sleeping campaign named.
+    pub(super) fn next_due(&self) -> Option<Nanos> {
+        self.sleeping.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Summed send_rate of the active campaigns (cached until the active set or a
+    /// rate changes).
+    pub(super) fn rate_sum(&self) -> f64 {
+        if let Some(sum) = self.rate_sum.get() {
+            return sum;
+        }
+        let sum = self
+            .active
+            .iter()
+            .filter_map(|&s| self.campaigns[s as usize].as_ref())
+            .map(|c| c.settings.rate.as_f64())
+            .sum();
+        self.rate_sum.set(Some(sum));
+        sum
+    }
+}
