@@ -7,6 +7,7 @@ use super::{AppState, CampaignId};
 use crate::limiter::Algorithm;
 use crate::store::campaign_list::{self, ListQuery};
 use crate::store::campaigns::{self, CampaignPatch, CampaignStatus, CampaignSummary};
+use crate::store::worker_campaigns::{self, Summed};
 use crate::store::{dead_letters, delivery, StoredDeadLetter, MIGRATOR};
 use crate::worker::scheduler::CampaignLive;
 use axum::body::Bytes;
@@ -273,6 +274,8 @@ pub struct CampaignView {
 struct Live {
     campaigns: std::sync::Arc<Vec<CampaignLive>>,
     parked: std::sync::Arc<Vec<(std::sync::Arc<str>, u64)>>,
+    /// Every worker's published figures (this one's included), by campaign.
+    summed: HashMap<String, Summed>,
 }
 
 fn view(summary: CampaignSummary, live: &Live, now: DateTime<Utc>) -> CampaignView {
@@ -283,12 +286,24 @@ fn view(summary: CampaignSummary, live: &Live, now: DateTime<Utc>) -> CampaignVi
         .find(|(c, _)| &**c == id)
         .map_or(0, |(_, n)| *n);
     let found = live.campaigns.iter().find(|c| &*c.id == id);
-    let counts = WorkerCounts {
-        held: found.map_or(0, |c| c.held_devices),
-        parked,
-        total: found.and_then(|c| c.total_devices),
-        effective_rate: found.map(|c| c.effective_rate),
-        waiting_start: found.is_some_and(|c| c.waiting_start),
+    let counts = match live.summed.get(id) {
+        // Summed over the workers that hold it (published within the last seconds).
+        Some(s) => WorkerCounts {
+            held: s.held,
+            parked: s.parked,
+            total: s.total_devices,
+            effective_rate: (s.effective_rate > 0.0).then_some(s.effective_rate),
+            waiting_start: found.is_some_and(|c| c.waiting_start),
+            workers: s.workers,
+        },
+        None => WorkerCounts {
+            held: found.map_or(0, |c| c.held_devices),
+            parked,
+            total: found.and_then(|c| c.total_devices),
+            effective_rate: found.map(|c| c.effective_rate),
+            waiting_start: found.is_some_and(|c| c.waiting_start),
+            workers: u32::from(found.is_some() || parked > 0),
+        },
     };
     let (progress, eta) = lifecycle::progress(&summary, counts);
     let live = found.map(|c| LiveView {
@@ -305,13 +320,22 @@ fn view(summary: CampaignSummary, live: &Live, now: DateTime<Utc>) -> CampaignVi
     }
 }
 
-fn live_campaigns(state: &AppState) -> Live {
+/// This worker's snapshots, and every worker's published figures (`only`: for one
+/// campaign). A failed read of the latter leaves this worker's own.
+async fn live_campaigns(state: &AppState, only: Option<&str>) -> Live {
+    let summed = worker_campaigns::summed(state.pool(), only)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "workers' progress not read; showing this worker's");
+            HashMap::new()
+        });
     Live {
         campaigns: state.worker().map(|w| w.campaigns()).unwrap_or_default(),
         parked: state
             .worker()
             .map(|w| w.parked_devices())
             .unwrap_or_default(),
+        summed,
     }
 }
 
@@ -326,7 +350,7 @@ pub async fn list_campaigns(
     let list = ListQuery::parse(arg("limit"), arg("after"), arg("status"), arg("order"))?;
     let now = Utc::now();
     let page = campaign_list::page(state.pool(), now, &list).await?;
-    let live = live_campaigns(&state);
+    let live = live_campaigns(&state, None).await;
     let views: Vec<CampaignView> = page
         .items
         .into_iter()
@@ -362,7 +386,11 @@ pub(super) async fn load_view(state: &AppState, id: &str) -> Result<CampaignView
         cancelled: totals.cancelled,
         rate_10s,
     };
-    Ok(view(summary, &live_campaigns(state), Utc::now()))
+    Ok(view(
+        summary,
+        &live_campaigns(state, Some(id)).await,
+        Utc::now(),
+    ))
 }
 
 pub async fn get_campaign(

@@ -81,6 +81,8 @@ pub struct Progress {
     pub total: Option<u64>,
     /// finished / total, when the total is known.
     pub fraction: Option<f64>,
+    /// How many workers' figures `known_remaining` sums (0: none holds it).
+    pub workers: u32,
 }
 
 /// When a campaign should finish at its current rate.
@@ -102,6 +104,7 @@ pub struct WorkerCounts {
     pub total: Option<u64>,
     pub effective_rate: Option<f64>,
     pub waiting_start: bool,
+    pub workers: u32,
 }
 
 /// Progress and ETA from the store's totals and the worker's counts.
@@ -123,6 +126,7 @@ pub fn progress(s: &CampaignSummary, w: WorkerCounts) -> (Progress, Eta) {
         fraction: w
             .total
             .map(|t| (finished.max(0) as f64 / t.max(1) as f64).min(1.0)),
+        workers: w.workers,
     };
     (
         progress,

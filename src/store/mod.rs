@@ -24,6 +24,7 @@ pub mod offsets;
 pub mod progress;
 pub mod prune;
 pub mod rollup;
+pub mod worker_campaigns;
 
 pub use campaigns::{Campaign, CampaignDefaults, CampaignPatch, CampaignStatus, CampaignSummary};
 pub use dead_letters::{DeadLetter, StoredDeadLetter};

@@ -19,6 +19,7 @@ pub mod enrich;
 pub mod message;
 pub mod offsets;
 pub mod outcomes;
+mod publish;
 mod rebalance;
 pub mod refetch;
 mod retry;
@@ -259,6 +260,7 @@ impl Worker {
 
         let flush_handle = flusher.clone();
         let (running_tx, consumer_running) = watch::channel(true);
+        let publisher_pool = pool.clone();
         let enricher = enrich::Enricher {
             pool,
             defaults,
@@ -299,6 +301,12 @@ impl Worker {
             },
             shutdown.subscribe(),
         )?;
+        let _publisher = publish::spawn(
+            publisher_pool,
+            scheduler_stats.clone(),
+            consumer_stats.clone(),
+            shutdown.subscribe(),
+        );
         Ok(Worker {
             shutdown,
             consumer,

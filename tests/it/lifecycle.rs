@@ -444,6 +444,10 @@ async fn cancel_ends_held_parked_and_later_jobs() {
     worker.shutdown().await.expect("graceful shutdown");
 }
 
+/// A rate so slow that after its first send (at once) nothing moves for 100 s: the
+/// figures the API reads stay still while the test compares them.
+const STILL_RATE: f64 = 0.01;
+
 /// Progress and ETA through the API next to a real worker: the devices it holds and has
 /// parked are `known_remaining`; with `campaign_total_devices` the ETA rests on the
 /// stated total; the effective rate is the one used.
@@ -458,7 +462,7 @@ async fn progress_and_eta_count_held_and_parked_devices() {
             &pool,
             id,
             CampaignPatch {
-                send_rate: Some(10.0),
+                send_rate: Some(STILL_RATE),
                 ..Default::default()
             },
         )
@@ -492,34 +496,42 @@ async fn progress_and_eta_count_held_and_parked_devices() {
         GROUP_JOIN_LIMIT,
         || {
             let live = worker.scheduler_stats.borrow().campaigns.clone();
-            live.len() == 2 && worker.consumer_stats.borrow().parked_jobs == 4
+            live.len() == 2
+                && live.iter().all(|c| c.sent == 1)
+                && worker.consumer_stats.borrow().parked_jobs == 4
         },
     )
     .await;
-    let r = api.get(&format!("/api/campaigns/{slow}")).await;
+    // The published figures (rewritten every second) catch up with the snapshot.
+    let mut r = api.get(&format!("/api/campaigns/{slow}")).await;
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while r.body["progress"]["known_remaining"].as_u64() != Some(499)
+        && std::time::Instant::now() < end
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        r = api.get(&format!("/api/campaigns/{slow}")).await;
+    }
     let p = &r.body["progress"];
-    let (held, parked) = (
-        r.body["live"]["held_devices"].as_u64().unwrap(),
-        r.body["live"]["parked_devices"].as_u64().unwrap(),
-    );
-    assert_eq!(parked, 400, "{}", r.text);
-    assert!(held > 0 && held <= 100, "{}", r.text);
     assert_eq!(
-        p["known_remaining"].as_u64(),
-        Some(held + parked),
+        r.body["live"]["parked_devices"].as_u64(),
+        Some(400),
         "{}",
         r.text
     );
+    assert_eq!(
+        r.body["live"]["held_devices"].as_u64(),
+        Some(99),
+        "{}",
+        r.text
+    );
+    assert_eq!(p["known_remaining"].as_u64(), Some(499), "{}", r.text);
+    assert_eq!(p["workers"].as_u64(), Some(1), "{}", r.text);
     assert!(p["total"].is_null(), "{}", r.text);
     let eta = &r.body["eta"];
     assert_eq!(eta["basis"], "known", "{}", r.text);
-    assert_eq!(eta["rate"].as_f64(), Some(10.0), "{}", r.text);
+    assert_eq!(eta["rate"].as_f64(), Some(STILL_RATE), "{}", r.text);
     let secs = eta["seconds"].as_f64().unwrap();
-    assert!(
-        (secs - (held + parked) as f64 / 10.0).abs() < 1e-6,
-        "{}",
-        r.text
-    );
+    assert!((secs - 499.0 / STILL_RATE).abs() < 1e-6, "{}", r.text);
 
     let r = api.get(&format!("/api/campaigns/{sized}")).await;
     assert_eq!(
@@ -532,7 +544,7 @@ async fn progress_and_eta_count_held_and_parked_devices() {
     let finished = r.body["progress"]["finished"].as_i64().unwrap();
     let secs = r.body["eta"]["seconds"].as_f64().unwrap();
     assert!(
-        (secs - (5_000 - finished) as f64 / 10.0).abs() < 1e-6,
+        (secs - (5_000 - finished) as f64 / STILL_RATE).abs() < 1e-6,
         "{}",
         r.text
     );
@@ -547,5 +559,94 @@ async fn progress_and_eta_count_held_and_parked_devices() {
         .unwrap();
     assert_eq!(item["eta"]["basis"], "total");
     worker.shutdown().await.expect("graceful shutdown");
+    // Its rows go with it.
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM worker_campaigns")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    api.app.stop().await.expect("server stops");
+}
+
+/// Two workers in one group, each holding one partition of a campaign: the API next to
+/// one of them sums both workers' held and parked devices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_sums_over_the_workers_that_hold_a_campaign() {
+    use crate::api::{app_settings, spawn_app_on, TOKEN};
+    let (pool, db_url) = fresh_database().await;
+    let topic = fresh_topic(2).await;
+    let shared = unique_name("shared");
+    put(
+        &pool,
+        &shared,
+        CampaignPatch {
+            send_rate: Some(STILL_RATE),
+            ..Default::default()
+        },
+    )
+    .await;
+    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
+        .create()
+        .expect("producer");
+    for j in 0..6 {
+        let value = job(&format!("{shared}-{j}"), &shared, 100, Lifecycle::default()).to_json();
+        producer
+            .send(
+                FutureRecord::to(&topic)
+                    .partition(j % 2)
+                    .key(shared.as_str())
+                    .payload(&value),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("produce");
+    }
+    let extra = [
+        ("kafka.topic", topic.clone()),
+        ("kafka.group_id", unique_name("g")),
+        ("sender.kind", "null".to_string()),
+        ("worker.stats_flush_ms", "200".to_string()),
+        ("worker.lookahead_ms", "1000".to_string()),
+    ];
+    let settings = app_settings(TOKEN, &db_url, &extra);
+    let start = || async {
+        let sender = pushpace::provider::build::build(&settings).unwrap();
+        Worker::start(&settings, pool.clone(), brokers(), sender)
+            .await
+            .expect("start worker")
+    };
+    let (a, b) = (start().await, start().await);
+    let view = pushpace::api::WorkerView::of(&a);
+    let api = spawn_app_on(pool.clone(), db_url, TOKEN, Some(view), None, &extra).await;
+    let path = format!("/api/campaigns/{shared}");
+    let end = std::time::Instant::now() + GROUP_JOIN_LIMIT;
+    let r = loop {
+        let r = api.get(&path).await;
+        let p = &r.body["progress"];
+        let done = p["workers"].as_u64() == Some(2)
+            && p["known_remaining"].as_u64().unwrap_or(0) + p["finished"].as_u64().unwrap_or(0)
+                == 600;
+        if done || std::time::Instant::now() > end {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let p = &r.body["progress"];
+    assert_eq!(p["workers"].as_u64(), Some(2), "{}", r.text);
+    let known = p["known_remaining"].as_u64().unwrap();
+    assert_eq!(known + p["finished"].as_u64().unwrap(), 600, "{}", r.text);
+    // This worker alone holds about half of it.
+    let here = r.body["live"]["held_devices"].as_u64().unwrap_or(0)
+        + r.body["live"]["parked_devices"].as_u64().unwrap_or(0);
+    assert!(here < known, "this worker's {here} of {known}: {}", r.text);
+    // Both workers' effective rates (local scope: each applies the whole rate).
+    assert_eq!(
+        r.body["eta"]["rate"].as_f64(),
+        Some(2.0 * STILL_RATE),
+        "{}",
+        r.text
+    );
+    b.shutdown().await.expect("graceful shutdown");
+    a.shutdown().await.expect("graceful shutdown");
     api.app.stop().await.expect("server stops");
 }
