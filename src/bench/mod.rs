@@ -31,7 +31,7 @@ mod providers;
 mod report;
 
 pub use phases::{pacing_distribution, pacing_rates};
-pub use report::{render_table, BenchReport, PacingResult, PhaseResult};
+pub use report::{render_table, BenchReport, Pacing1000Result, PacingResult, PhaseResult};
 
 use crate::config::Settings;
 use crate::limiter::Rate;
@@ -87,6 +87,10 @@ pub enum Phase {
     H2c,
     Backlog,
     Pacing,
+    /// 1,000 campaigns at a long-tailed mix of rates (issue 24).
+    #[value(name = "pacing-1000")]
+    #[serde(rename = "pacing-1000")]
+    Pacing1000,
     /// APNs over TLS + HTTP/2 to `pushpace mock apns` (a process).
     Apns,
     /// FCM HTTP v1 to `pushpace mock fcm`.
@@ -96,7 +100,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    const ALL: [Phase; 10] = [
+    const ALL: [Phase; 11] = [
         Phase::Consumer,
         Phase::Null,
         Phase::Http1,
@@ -107,6 +111,7 @@ impl Phase {
         Phase::Webpush,
         Phase::Backlog,
         Phase::Pacing,
+        Phase::Pacing1000,
     ];
 
     fn name(self) -> &'static str {
@@ -118,6 +123,7 @@ impl Phase {
             Phase::H2c => "h2c",
             Phase::Backlog => "backlog",
             Phase::Pacing => "pacing",
+            Phase::Pacing1000 => "pacing-1000",
             Phase::Apns => "apns",
             Phase::Fcm => "fcm",
             Phase::Webpush => "webpush",
@@ -248,6 +254,14 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
                 databases.push(db.clone());
                 let (r, pacing) = ctx.pacing(&topic, &db, args).await?;
                 report.pacing = Some(pacing);
+                r
+            }
+            Phase::Pacing1000 => {
+                let topic = ctx.topic("pacing_1000");
+                let db = ctx.database("pacing_1000");
+                databases.push(db.clone());
+                let (r, pacing) = ctx.pacing_1000(&topic, &db, args).await?;
+                report.pacing_1000 = Some(pacing);
                 r
             }
         };

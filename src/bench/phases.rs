@@ -2,7 +2,7 @@
 //! pacing phases, and the pacing figures.
 
 use super::process::Sample;
-use super::{phase_err, BenchArgs, BenchError, Ctx, PacingResult, PhaseResult};
+use super::{phase_err, BenchArgs, BenchError, Ctx, Pacing1000Result, PacingResult, PhaseResult};
 use crate::job;
 use crate::produce::ProducePlan;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -141,29 +141,88 @@ impl Ctx {
     ) -> Result<(PhaseResult, PacingResult), BenchError> {
         let n = 100usize;
         let rates = pacing_rates(n, args.pacing_total_rate);
-        let campaigns: Vec<(f64, usize)> = rates
-            .iter()
-            .map(|r| (*r, (r * args.pacing_seconds as f64).round() as usize))
-            .collect();
-        let plan = ProducePlan::with_rates(
-            &format!("{}p", self.run_id),
-            &campaigns,
-            args.job_size,
-            None,
-        )
-        .map_err(|e| phase_err("pacing", e.to_string()))?;
-        self.produce(topic, &plan).await?;
-        let total = plan.total_devices() as u64;
-        let mut w = self
-            .start_worker(
+        let (mut result, rows, rate_of) = self
+            .paced_run(
                 "pacing",
+                "p",
                 topic,
                 db,
-                &[("PUSHPACE__SENDER__KIND", "null".into())],
+                &rates,
+                args.pacing_seconds,
+                args.job_size,
             )
             .await?;
-        let limit = Duration::from_secs(args.pacing_seconds * 3 + 60);
-        let timed = w.time_until("pacing", total, limit).await;
+        result.note = format!(
+            "100 campaigns, {:.0}–{:.0}/s, summing to {:.0}/s",
+            rates[0],
+            rates[n - 1],
+            args.pacing_total_rate
+        );
+        Ok((result, pacing_distribution(&rows, &rate_of)))
+    }
+
+    /// 1,000 campaigns at a long-tailed mix of rates ([`long_tail_rates`]).
+    pub(super) async fn pacing_1000(
+        &self,
+        topic: &str,
+        db: &str,
+        args: &BenchArgs,
+    ) -> Result<(PhaseResult, Pacing1000Result), BenchError> {
+        let rates = long_tail_rates(1000);
+        // Small jobs, so that a 1/s campaign's lookahead holds seconds, not minutes.
+        let job_size = args.job_size.min(50);
+        let (mut result, rows, rate_of) = self
+            .paced_run(
+                "pacing-1000",
+                "q",
+                topic,
+                db,
+                &rates,
+                args.pacing_seconds,
+                job_size,
+            )
+            .await?;
+        let total: f64 = rates.iter().sum();
+        result.note = format!("1,000 campaigns, 1–5,000/s, summing to {total:.0}/s");
+        Ok((result, pacing_1000_figures(&rows, &rate_of)))
+    }
+
+    /// Runs campaigns at `rates` for `seconds` through a null-sender worker; returns the
+    /// phase's figures, its per-second rows and each campaign's rate.
+    #[allow(clippy::too_many_arguments)]
+    async fn paced_run(
+        &self,
+        name: &'static str,
+        tag: &str,
+        topic: &str,
+        db: &str,
+        rates: &[f64],
+        seconds: u64,
+        job_size: usize,
+    ) -> Result<PacedRun, BenchError> {
+        let campaigns: Vec<(f64, usize)> = rates
+            .iter()
+            .map(|r| (*r, (r * seconds as f64).round().max(1.0) as usize))
+            .collect();
+        let plan =
+            ProducePlan::with_rates(&format!("{}{tag}", self.run_id), &campaigns, job_size, None)
+                .map_err(|e| phase_err(name, e.to_string()))?;
+        self.produce(topic, &plan).await?;
+        let total = plan.total_devices() as u64;
+        let active = rates.len().max(100).to_string();
+        let mut w = self
+            .start_worker(
+                name,
+                topic,
+                db,
+                &[
+                    ("PUSHPACE__SENDER__KIND", "null".into()),
+                    ("PUSHPACE__WORKER__MAX_ACTIVE_CAMPAIGNS", active),
+                ],
+            )
+            .await?;
+        let limit = Duration::from_secs(seconds * 3 + 60);
+        let timed = w.time_until(name, total, limit).await;
         let peak = w.stop().await;
         let (secs, sent, cpu) = timed?;
         let pool = crate::store::connect(&self.database_url(db), 2, Duration::from_secs(5)).await?;
@@ -178,23 +237,92 @@ impl Ctx {
             .iter()
             .map(|c| (c.id.clone(), c.send_rate.as_f64()))
             .collect();
-        let pacing = pacing_distribution(&rows, &rate_of);
         let result = PhaseResult {
-            phase: "pacing".into(),
+            phase: name.into(),
             devices: total,
             seconds: secs,
             per_second: sent as f64 / secs,
             cpu_s_per_million: Some(cpu / (sent as f64 / 1e6)),
             peak_rss_mb: peak,
-            note: format!(
-                "100 campaigns, {:.0}–{:.0}/s, summing to {:.0}/s",
-                rates[0],
-                rates[n - 1],
-                args.pacing_total_rate
-            ),
             ..Default::default()
         };
-        Ok((result, pacing))
+        Ok((result, rows, rate_of))
+    }
+}
+
+type PacedRun = (
+    PhaseResult,
+    Vec<(String, i64, i64)>,
+    std::collections::HashMap<String, f64>,
+);
+
+/// `n` rates in issue 24's long-tailed mix, log-uniform within each tier: 90% at
+/// 1–50/s, 9% at 100–1,000/s, 1% at 2,000–5,000/s.
+pub fn long_tail_rates(n: usize) -> Vec<f64> {
+    let tier = |count: usize, lo: f64, hi: f64| {
+        (0..count).map(move |i| {
+            let u = if count == 1 {
+                0.5
+            } else {
+                i as f64 / (count - 1) as f64
+            };
+            (lo * (hi / lo).powf(u) * 1000.0).round() / 1000.0
+        })
+    };
+    let (top, mid) = ((n / 100).max(1), (n * 9 / 100).max(1));
+    let low = n.saturating_sub(top + mid);
+    tier(low, 1.0, 50.0)
+        .chain(tier(mid, 100.0, 1000.0))
+        .chain(tier(top, 2000.0, 5000.0))
+        .collect()
+}
+
+/// The pacing figures of issue 24: for campaigns at ≥ 100/s, |achieved − rate| / rate
+/// per campaign-second (p50, p99); for slower ones, the largest |achieved − rate| in
+/// sends in any whole second. First and last (partial) seconds are left out.
+pub fn pacing_1000_figures(
+    rows: &[(String, i64, i64)],
+    rates: &std::collections::HashMap<String, f64>,
+) -> Pacing1000Result {
+    let fast: std::collections::HashMap<String, f64> = rates
+        .iter()
+        .filter(|(_, r)| **r >= 100.0)
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    let fast_rows: Vec<(String, i64, i64)> = rows
+        .iter()
+        .filter(|r| fast.contains_key(&r.0))
+        .cloned()
+        .collect();
+    let fast_dist = pacing_distribution(&fast_rows, &fast);
+    let mut slow_max_off: f64 = 0.0;
+    let mut slow_seconds = 0usize;
+    let mut i = 0;
+    while i < rows.len() {
+        let mut j = i;
+        while j < rows.len() && rows[j].0 == rows[i].0 {
+            j += 1;
+        }
+        if let Some(rate) = rates.get(&rows[i].0).filter(|r| **r < 100.0) {
+            let (first, last) = (rows[i].1, rows[j - 1].1);
+            let counts: std::collections::HashMap<i64, i64> =
+                rows[i..j].iter().map(|r| (r.1, r.2)).collect();
+            for s in first + 1..last {
+                let n = counts.get(&s).copied().unwrap_or(0) as f64;
+                slow_max_off = slow_max_off.max((n - rate).abs());
+                slow_seconds += 1;
+            }
+        }
+        i = j;
+    }
+    Pacing1000Result {
+        campaigns: rates.len(),
+        total_rate: rates.values().sum(),
+        fast_campaign_seconds: fast_dist.campaign_seconds,
+        fast_p50: fast_dist.p50,
+        fast_p99: fast_dist.p99,
+        slow_campaign_seconds: slow_seconds,
+        slow_max_sends_off: slow_max_off,
     }
 }
 
@@ -268,6 +396,45 @@ pub fn pacing_distribution(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_long_tail_has_the_issues_tiers() {
+        let r = long_tail_rates(1000);
+        assert_eq!(r.len(), 1000);
+        let count = |lo: f64, hi: f64| r.iter().filter(|x| **x >= lo && **x <= hi).count();
+        assert_eq!(
+            (
+                count(1.0, 50.0),
+                count(100.0, 1000.0),
+                count(2000.0, 5000.0)
+            ),
+            (900, 90, 10)
+        );
+    }
+
+    #[test]
+    fn slow_campaigns_are_judged_in_sends_and_fast_ones_in_percent() {
+        let rates: std::collections::HashMap<String, f64> =
+            [("s".to_string(), 2.0), ("f".to_string(), 200.0)].into();
+        let rows: Vec<(String, i64, i64)> = [
+            ("f", 10, 50),
+            ("f", 11, 200),
+            ("f", 12, 202),
+            ("f", 13, 9),
+            ("s", 10, 1),
+            ("s", 11, 2),
+            ("s", 12, 4),
+            ("s", 13, 2),
+            ("s", 14, 1),
+        ]
+        .iter()
+        .map(|(c, s, n)| (c.to_string(), *s, *n))
+        .collect();
+        let p = pacing_1000_figures(&rows, &rates);
+        assert_eq!((p.fast_campaign_seconds, p.slow_campaign_seconds), (2, 3));
+        assert!((p.fast_p99 - 0.01).abs() < 1e-9, "{}", p.fast_p99);
+        assert_eq!(p.slow_max_sends_off, 2.0);
+    }
 
     #[test]
     fn pacing_rates_sum_to_the_total_and_rise() {

@@ -30,12 +30,28 @@ pub struct PacingResult {
     pub max_over_rate: f64,
 }
 
+/// The 1,000-campaign pacing figures (issue 24).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Pacing1000Result {
+    pub campaigns: usize,
+    pub total_rate: f64,
+    /// Campaign-seconds of campaigns at ≥ 100/s, and their |achieved − rate| / rate.
+    pub fast_campaign_seconds: usize,
+    pub fast_p50: f64,
+    pub fast_p99: f64,
+    /// Campaign-seconds of campaigns under 100/s, and the largest |achieved − rate| in
+    /// sends in any of them.
+    pub slow_campaign_seconds: usize,
+    pub slow_max_sends_off: f64,
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BenchReport {
     pub run_id: String,
     pub cores: usize,
     pub phases: Vec<PhaseResult>,
     pub pacing: Option<PacingResult>,
+    pub pacing_1000: Option<Pacing1000Result>,
     pub null_over_consumer: Option<f64>,
     /// `http1` (hyper connections) over `http1-reqwest`, sends per second.
     pub http1_over_reqwest: Option<f64>,
@@ -99,7 +115,36 @@ pub fn render_table(report: &BenchReport) -> String {
             p.max_over_rate
         ));
     }
+    if let Some(p) = &report.pacing_1000 {
+        out.push_str(&pacing_1000_line(report, p));
+    }
     out
+}
+
+/// Issue 24's targets for 1,000 campaigns, with the CPU ratio to the 100-campaign phase
+/// of the same run.
+fn pacing_1000_line(report: &BenchReport, p: &Pacing1000Result) -> String {
+    let cpu = |name: &str| {
+        report
+            .phases
+            .iter()
+            .find(|r| r.phase == name)
+            .and_then(|r| r.cpu_s_per_million)
+    };
+    let ratio = match (cpu("pacing-1000"), cpu("pacing")) {
+        (Some(a), Some(b)) => format!("{:.2}× the 100-campaign phase (target ≤ 1.5×)", a / b),
+        _ => "no 100-campaign phase in this run to compare with".into(),
+    };
+    format!(
+        "pacing-1000: {} campaigns summing to {:.0}/s; ≥ 100/s: {} campaign-seconds, p50 {:.2}% p99 {:.2}% (target ≤ 1%); < 100/s: {} campaign-seconds, at most {:.0} send(s) off (target ≤ 1); CPU per send {ratio}\n",
+        p.campaigns,
+        p.total_rate,
+        p.fast_campaign_seconds,
+        p.fast_p50 * 100.0,
+        p.fast_p99 * 100.0,
+        p.slow_campaign_seconds,
+        p.slow_max_sends_off,
+    )
 }
 
 /// `apns / h2c: 0.NN×` lines: each provider phase against the h2c webhook phase of the

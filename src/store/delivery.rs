@@ -228,12 +228,15 @@ pub const MAX_LONG_POINTS: i64 = 10_000;
 /// rolled-up minute falls in one bucket.
 pub const LONG_STEP_LADDER: [i64; 8] = [60, 300, 600, 1800, 3600, 10_800, 21_600, 86_400];
 
+/// A range of instants, `[start, end)`.
+type Span = (DateTime<Utc>, DateTime<Utc>);
+
 /// `[from, to)` checked against `max`; `None` when empty.
 fn checked_range(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     max: Duration,
-) -> Result<Option<(DateTime<Utc>, DateTime<Utc>)>, StoreError> {
+) -> Result<Option<Span>, StoreError> {
     let (from, to) = (truncate_to_second(from), truncate_to_second(to));
     if to < from {
         return Err(StoreError::invalid(
