@@ -20,7 +20,7 @@ use chrono::{DateTime, Duration, Utc};
 use std::collections::HashMap;
 use std::time::Duration as StdDuration;
 
-type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
+pub(super) type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
 
 pub async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
@@ -546,7 +546,7 @@ pub async fn resume(
     set_status(&state, &id, CampaignStatus::Active, &headers).await
 }
 
-fn params(p: Params, known: &[&str]) -> Result<HashMap<String, String>, ApiError> {
+pub(super) fn params(p: Params, known: &[&str]) -> Result<HashMap<String, String>, ApiError> {
     let Query(map) = p.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(ApiError::invalid(
@@ -557,7 +557,7 @@ fn params(p: Params, known: &[&str]) -> Result<HashMap<String, String>, ApiError
     Ok(map)
 }
 
-fn timestamp(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
+pub(super) fn timestamp(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
     DateTime::parse_from_rfc3339(raw)
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| {
@@ -566,64 +566,6 @@ fn timestamp(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
                 format!("{raw:?} is not an RFC 3339 time such as 2026-11-22T10:00:00Z: {e}"),
             )
         })
-}
-
-/// `?from=&to=` (RFC 3339), or `?last=5m` ending now; `to` defaults to now and `from`
-/// to five minutes before `to`. `?step=` (1–3600 s) sums the seconds into buckets; without
-/// it a range longer than 600 s gets the step that keeps it within 600 points. The step
-/// used is in the `x-series-step` header.
-pub async fn series(
-    State(state): State<AppState>,
-    CampaignId(id): CampaignId,
-    query: Params,
-) -> Result<impl IntoResponse, ApiError> {
-    let q = params(query, &["from", "to", "last", "step"])?;
-    if campaigns::get(state.pool(), &id).await?.is_none() {
-        return Err(ApiError::CampaignNotFound(id));
-    }
-    let to = match q.get("to") {
-        Some(raw) => timestamp("to", raw)?,
-        None => Utc::now(),
-    };
-    let from = match (q.get("from"), q.get("last")) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "last",
-                "give either from or last, not both",
-            ))
-        }
-        (Some(raw), None) => timestamp("from", raw)?,
-        (None, Some(raw)) => {
-            let span = super::parse_duration(raw).map_err(|e| ApiError::invalid("last", e))?;
-            to.checked_sub_signed(span)
-                .ok_or_else(|| ApiError::invalid("last", "reaches before the year 0"))?
-        }
-        (None, None) => to - Duration::minutes(5),
-    };
-    if from > to {
-        return Err(ApiError::invalid(
-            "from",
-            format!("the range starts ({from}) after it ends ({to})"),
-        ));
-    }
-    let step = match q.get("step") {
-        None => delivery::auto_step(from, to),
-        Some(raw) => raw
-            .parse::<i64>()
-            .ok()
-            .filter(|s| (1..=delivery::MAX_STEP_S).contains(s))
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "step",
-                    format!(
-                        "must be a whole number of seconds from 1 to {}",
-                        delivery::MAX_STEP_S
-                    ),
-                )
-            })?,
-    };
-    let points = delivery::series_downsampled(state.pool(), &id, from, to, step).await?;
-    Ok(([("x-series-step", step.to_string())], Json(points)))
 }
 
 /// A dead letter as `GET /api/dead-letters` lists it. The message and the key are shown

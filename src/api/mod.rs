@@ -26,6 +26,7 @@ pub mod error;
 mod handlers;
 pub mod lifecycle;
 mod providers;
+mod series;
 mod summary;
 
 pub use error::ApiError;
@@ -197,7 +198,7 @@ pub fn router(state: AppState, hosts: auth::AllowedHosts) -> Router {
         .route("/metrics", get(handlers::metrics))
         .route("/api/campaigns", get(handlers::list_campaigns))
         .route("/api/campaigns/{id}", get(handlers::get_campaign))
-        .route("/api/campaigns/{id}/series", get(handlers::series))
+        .route("/api/campaigns/{id}/series", get(series::series))
         .route("/api/campaigns/{id}/events", get(lifecycle::list_events))
         .route("/api/providers", get(providers::list))
         .route("/api/summary", get(summary::get))

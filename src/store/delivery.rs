@@ -303,6 +303,26 @@ fn bucket_bounds(
     )
 }
 
+/// Whether any of the campaign's counts in `[from, to)` were rolled up into minutes
+/// (one probe of the minutes' primary key).
+pub async fn has_minutes(
+    pool: &PgPool,
+    campaign_id: &str,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let found: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM delivery_minutes \
+                        WHERE campaign_id = $1 AND minute >= $2 AND minute < $3)",
+    )
+    .bind(campaign_id)
+    .bind(from - Duration::minutes(1))
+    .bind(to)
+    .fetch_one(pool)
+    .await?;
+    Ok(found)
+}
+
 /// The smallest step of [`LONG_STEP_LADDER`] that cuts `[from, to)` into at most
 /// [`MAX_AUTO_POINTS`] points (the largest when none does).
 pub fn auto_step_long(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {

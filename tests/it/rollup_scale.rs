@@ -3,7 +3,7 @@
 //! in batches next to a flush. The figures print with `--nocapture`
 //! (docs/BENCHMARKS.md, "Issue 24").
 
-use crate::helpers::{fresh_database, pacing_lock};
+use crate::helpers::{fresh_database, pacing_lock, pg_server};
 use crate::rollup::{flush, stored};
 use chrono::{DateTime, Duration, Utc};
 use pushpace::store::delivery;
@@ -88,6 +88,26 @@ async fn seed_history(pool: &PgPool, now: DateTime<Utc>) {
     settle(pool).await;
 }
 
+/// Drops a test's database once it passed: these hold up to 700 MB each.
+pub async fn drop_database(pool: PgPool, url: &str) {
+    pool.close().await;
+    let name = url.rsplit('/').next().unwrap();
+    let admin = pushpace::store::connect(
+        &format!("{}/postgres", pg_server()),
+        1,
+        StdDuration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    // DROP DATABASE takes no bind parameter; the name is the helper's own.
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+}
+
 /// Writes the seeding's dirty pages out now (a CHECKPOINT), so that neither they nor an
 /// earlier test's stall the statements timed next.
 async fn settle(pool: &PgPool) {
@@ -97,7 +117,7 @@ async fn settle(pool: &PgPool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_30_day_chart_with_1000_campaigns_history_answers_within_200ms() {
     let _serial = pacing_lock().await;
-    let (pool, _) = fresh_database().await;
+    let (pool, url) = fresh_database().await;
     let now = whole_minute(Utc::now());
     let started = Instant::now();
     seed_history(&pool, now).await;
@@ -140,6 +160,7 @@ async fn a_30_day_chart_with_1000_campaigns_history_answers_within_200ms() {
         median <= CHART_TARGET,
         "the 30-day chart took {median:?}; the target is {CHART_TARGET:?}"
     );
+    drop_database(pool, &url).await;
 }
 
 /// Old seconds to roll up: 1,000 campaigns × 300 s, three days ago.
@@ -182,7 +203,7 @@ fn summary(name: &str, times: &mut [StdDuration]) -> StdDuration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollup_in_batches_holds_a_concurrent_flush_for_at_most_one_batch() {
     let _serial = pacing_lock().await;
-    let (pool, _) = fresh_database().await;
+    let (pool, url) = fresh_database().await;
     let old = whole_minute(Utc::now()) - Duration::days(3);
     sqlx::query(
         "INSERT INTO delivery_seconds (campaign_id, second, sent) \
@@ -272,4 +293,5 @@ async fn a_rollup_in_batches_holds_a_concurrent_flush_for_at_most_one_batch() {
     );
     let victim = stored(&pool, "o-0001").await;
     assert!(victim.sent >= 2 * OLD_SECONDS, "{victim:?}");
+    drop_database(pool, &url).await;
 }

@@ -4,6 +4,7 @@
 
 use crate::api::{spawn_app, Reply, TestApp};
 use crate::helpers::pacing_lock;
+use crate::rollup_scale::drop_database;
 use pushpace::store::listen::{CampaignWatcher, WatcherConfig};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -119,6 +120,7 @@ async fn pages_of_100k_campaigns_answer_within_100ms_and_changes_reach_the_watch
     api_changes_reach(&app, &watcher).await;
     stop_watcher.send(true).unwrap();
     app.app.stop().await.unwrap();
+    drop_database(app.pool.clone(), &app.db_url).await;
 }
 
 /// Each kind of page, timed and checked; the slowest median is held to [`PAGE_TARGET`].

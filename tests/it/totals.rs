@@ -223,6 +223,8 @@ async fn concurrent_flushers_on_shared_campaigns_stay_exact() {
             e.capped += t.capped;
             e.invalid += t.invalid;
             e.rejected += t.rejected;
+            e.expired += t.expired;
+            e.cancelled += t.cancelled;
         }
         flushers.push((flusher, task));
     }
