@@ -169,8 +169,9 @@ impl Ctx {
         args: &BenchArgs,
     ) -> Result<(PhaseResult, Pacing1000Result), BenchError> {
         let rates = long_tail_rates(1000);
-        // Small jobs, so that a 1/s campaign's lookahead holds seconds, not minutes.
-        let job_size = args.job_size.min(50);
+        // The same job size as the 100-campaign phase: a slow campaign's whole run fits
+        // one job, and the CPU per send compares like with like.
+        let job_size = args.job_size;
         let (mut result, rows, rate_of) = self
             .paced_run(
                 "pacing-1000",
