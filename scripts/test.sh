@@ -14,6 +14,7 @@ cargo fmt --all -- --check
 cargo test --lib --bins --tests -- --skip paced_ --test-threads "${PUSHPACE_TEST_THREADS:-4}"
 # The benchmarks once each, as a check that they still run (criterion's test mode).
 cargo test --benches
-# The pacing tests measure rates at the sink: one at a time, on a machine left quiet.
+# The pacing tests (and the few timed ones, named paced_ too) measure rates and
+# latencies: one at a time, on a machine left quiet.
 cargo test --test it paced_ -- --test-threads 1
 cargo clippy --all-targets -- -D warnings

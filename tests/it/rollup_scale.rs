@@ -115,7 +115,7 @@ async fn settle(pool: &PgPool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_30_day_chart_with_1000_campaigns_history_answers_within_200ms() {
+async fn paced_a_30_day_chart_with_1000_campaigns_history_answers_within_200ms() {
     let _serial = pacing_lock().await;
     let (pool, url) = fresh_database().await;
     let now = whole_minute(Utc::now());
@@ -201,7 +201,7 @@ fn summary(name: &str, times: &mut [StdDuration]) -> StdDuration {
 /// longest batch plus a flush's own time (plus [`SLACK`]), and afterwards every
 /// campaign's seconds and minutes add up to its totals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rollup_in_batches_holds_a_concurrent_flush_for_at_most_one_batch() {
+async fn paced_a_rollup_in_batches_holds_a_concurrent_flush_for_at_most_one_batch() {
     let _serial = pacing_lock().await;
     let (pool, url) = fresh_database().await;
     let old = whole_minute(Utc::now()) - Duration::days(3);

@@ -96,7 +96,7 @@ async fn timed(app: &TestApp, path: &str) -> (Duration, Reply) {
 /// [`PAGE_TARGET`] (median of [`RUNS`] requests over HTTP, the first one included), and
 /// paging by `x-next-after` walks a filter's campaigns exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pages_of_100k_campaigns_answer_within_100ms_and_changes_reach_the_watcher() {
+async fn paced_pages_of_100k_campaigns_answer_within_100ms_and_changes_reach_the_watcher() {
     let _serial = pacing_lock().await;
     let app = spawn_app().await;
     let started = Instant::now();
