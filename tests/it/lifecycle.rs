@@ -492,35 +492,39 @@ async fn progress_and_eta_count_held_and_parked_devices() {
     let view = pushpace::api::WorkerView::of(&worker);
     let api = spawn_app_on(pool.clone(), db_url, TOKEN, Some(view), None, &extra).await;
     wait_for(
-        "both held, four of slow's jobs parked",
+        "both held, slow's later jobs parked",
         GROUP_JOIN_LIMIT,
         || {
             let live = worker.scheduler_stats.borrow().campaigns.clone();
+            // Three or four of slow's jobs stay parked: until the consumer has the
+            // stored rate it sizes the lookahead on the default, and the first send
+            // may unpark one more job.
             live.len() == 2
                 && live.iter().all(|c| c.sent == 1)
-                && worker.consumer_stats.borrow().parked_jobs == 4
+                && worker.consumer_stats.borrow().parked_jobs >= 3
         },
     )
     .await;
-    // The published figures (rewritten every second) catch up with the snapshot.
+    // The published figures (rewritten every second) catch up with the snapshot: 499
+    // devices of slow are unfinished, split between held and parked.
     let mut r = api.get(&format!("/api/campaigns/{slow}")).await;
     let end = std::time::Instant::now() + Duration::from_secs(5);
-    while r.body["progress"]["known_remaining"].as_u64() != Some(499)
+    let split = |r: &crate::api::Reply| {
+        r.body["live"]["held_devices"].as_u64().unwrap_or(0)
+            + r.body["live"]["parked_devices"].as_u64().unwrap_or(0)
+    };
+    while (r.body["progress"]["known_remaining"].as_u64() != Some(499) || split(&r) != 499)
         && std::time::Instant::now() < end
     {
         tokio::time::sleep(Duration::from_millis(200)).await;
         r = api.get(&format!("/api/campaigns/{slow}")).await;
     }
     let p = &r.body["progress"];
-    assert_eq!(
-        r.body["live"]["parked_devices"].as_u64(),
-        Some(400),
-        "{}",
-        r.text
-    );
+    let parked = r.body["live"]["parked_devices"].as_u64().unwrap();
+    assert!(parked == 300 || parked == 400, "{}", r.text);
     assert_eq!(
         r.body["live"]["held_devices"].as_u64(),
-        Some(99),
+        Some(499 - parked),
         "{}",
         r.text
     );

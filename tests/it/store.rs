@@ -573,9 +573,20 @@ async fn terminated_connections_lose_and_double_no_counts() {
         let direct = direct.clone();
         let app = app.clone();
         let stop = stop_killing.clone();
+        let flusher = flusher.clone();
         tokio::spawn(async move {
             let mut killed = 0i64;
+            let mut seen = flusher.batches_committed();
             while !stop.load(Ordering::Relaxed) {
+                // Kill again only once a batch has committed since the last kill: on a
+                // busy machine a new connection's set-up alone can outlast 7 ms, and
+                // killing it every time would test starvation, not recovery.
+                let now_committed = flusher.batches_committed();
+                if now_committed == seen {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                }
+                seen = now_committed;
                 let n: i64 = sqlx::query_scalar(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
                      WHERE application_name = $1",
