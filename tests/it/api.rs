@@ -1319,7 +1319,7 @@ async fn metrics_parse_and_count_the_sends_of_a_real_worker() {
 }
 
 /// Runs the binary (blocking) off the async workers.
-async fn cli(args: Vec<String>, env: Vec<(&'static str, String)>) -> (bool, String, String) {
+pub async fn cli(args: Vec<String>, env: Vec<(&'static str, String)>) -> (bool, String, String) {
     tokio::task::spawn_blocking(move || {
         let mut cmd = pushpace_bin();
         cmd.args(&args)
@@ -1339,7 +1339,7 @@ async fn cli(args: Vec<String>, env: Vec<(&'static str, String)>) -> (bool, Stri
     .unwrap()
 }
 
-fn args(list: &[&str]) -> Vec<String> {
+pub fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 

@@ -150,3 +150,65 @@ async fn a_named_actor_is_recorded_and_a_bad_one_refused() {
         "{actors:?}"
     );
 }
+
+/// The lifecycle commands through the real binary and a running server: set-start,
+/// set-expiry, show, cancel (refused without --yes when there is no terminal to ask
+/// on), and the history naming the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_sets_start_and_expiry_cancels_and_shows_the_history() {
+    use crate::api::{args, cli, TOKEN};
+    let app = spawn_app().await;
+    let api = app.app.url();
+    let token = || vec![("PUSHPACE_ADMIN_TOKEN", TOKEN.to_string())];
+    let run = |list: &[&str]| {
+        let mut a = args(list);
+        a.extend(["--api".to_string(), api.clone()]);
+        cli(a, token())
+    };
+    let (ok, out, err) = run(&["campaign", "set-start", "cli-l", "2030-01-01T09:00:00Z"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("start_at 2030-01-01T09:00:00+00:00"), "{out}");
+    let (ok, out, err) = run(&["campaign", "set-expiry", "cli-l", "1893492000"]).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("expires_at 2030-01-01T10:00:00+00:00"),
+        "{out}"
+    );
+    let (ok, _, err) = run(&["campaign", "set-expiry", "cli-l", "soon"]).await;
+    assert!(!ok);
+    assert!(err.contains("422") && err.contains("expires_at"), "{err}");
+    let (ok, out, err) = run(&["campaign", "show", "cli-l"]).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("start_at    2030-01-01T09:00:00+00:00"),
+        "{out}"
+    );
+    assert!(out.contains("eta"), "{out}");
+
+    let (ok, _, err) = run(&["campaign", "cancel", "cli-l"]).await;
+    assert!(!ok);
+    assert!(err.contains("--yes"), "{err}");
+    assert_eq!(
+        app.get("/api/campaigns/cli-l").await.body["status"],
+        "active"
+    );
+    let (ok, out, err) = run(&["campaign", "cancel", "cli-l", "--yes"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("campaign cli-l: cancelled"), "{out}");
+
+    let (ok, out, err) = run(&["campaign", "events", "cli-l"]).await;
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    for (field, new) in [
+        ("start_at", "2030-01-01T09:00:00Z"),
+        ("expires_at", "2030-01-01T10:00:00Z"),
+        ("status", "cancelled"),
+    ] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(" cli ") && l.contains(field) && l.ends_with(new)),
+            "{field} → {new} by cli in:\n{out}"
+        );
+    }
+}
