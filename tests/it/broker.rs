@@ -208,21 +208,20 @@ fn a_joining_member_takes_only_the_partitions_that_move() {
         a.len() == 2 && b.len() == 2 && a.is_disjoint(&b)
     });
 
-    let kept = owned(&first);
+    // The cooperative signature: the first revocation after the join gives up only the
+    // partitions that move (eager revokes all four at once). Only the first is judged:
+    // under load the broker may rebalance again while the second member settles, and a
+    // later round may move partitions back and forth (seen once in a whole-suite run:
+    // revoke [0, 1], then [2, 3], then [0, 1] assigned again).
     let events = first.context().0.lock().unwrap().clone();
-    let revoked: BTreeSet<i32> = events
+    let first_revoke = events
         .iter()
-        .filter(|(assigned, _)| !assigned)
-        .flat_map(|(_, p)| p.iter().copied())
-        .collect();
+        .find(|(assigned, _)| !assigned)
+        .map(|(_, p)| p.clone())
+        .expect("the first member gave up partitions to the second");
     assert!(
-        revoked.is_disjoint(&kept),
-        "the first member's kept partitions {kept:?} were revoked on the way: {events:?}"
-    );
-    assert_eq!(
-        revoked,
-        owned(&second),
-        "only the moved partitions were revoked: {events:?}"
+        !first_revoke.is_empty() && first_revoke.len() < 4,
+        "the first revocation took {first_revoke:?} of 4 partitions: {events:?}"
     );
 }
 
