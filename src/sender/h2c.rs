@@ -15,8 +15,8 @@
 //! before its request left is tried once on a new one; a send that may have reached the
 //! provider is never repeated here (the scheduler decides about retries).
 
-use super::http::PushHeaders;
-use super::http::{connect_tcp, Snippet, USER_AGENT};
+use super::wire::PushHeaders;
+use super::wire::{connect_tcp, Snippet, USER_AGENT};
 use super::SendOutcome;
 use crate::provider::ceiling::Signal;
 use bytes::Bytes;

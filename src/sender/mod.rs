@@ -14,11 +14,13 @@ mod http;
 mod http1;
 mod null;
 mod retry;
+mod wire;
 
 pub use crate::provider::ceiling::Signal;
-pub use http::{push_body, Http1Client, HttpSender, HttpSenderConfig, SENT_AT};
+pub use http::{push_body, Http1Client, HttpSender, HttpSenderConfig};
 pub use null::NullSender;
 pub use retry::{backoff_ceiling, parse_retry_after, retry_delay, MAX_RETRY_AFTER};
+pub use wire::SENT_AT;
 
 use crate::job::Job;
 use std::future::Future;
