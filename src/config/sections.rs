@@ -2,7 +2,10 @@
 //! `[redis]`, `[hygiene]`, `[capping]`, `[http]`, and [`redact_url`] for what is shown.
 
 use super::by_name;
+// The domain enums live with their modules; re-exported so `config::` paths still work.
+pub use crate::distributed::RedisAlgorithm;
 use crate::limiter::{Algorithm, Rate};
+pub use crate::limiter::{LimiterScope, UnknownScope};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -330,60 +333,6 @@ pub struct LimiterSettings {
     pub scope: LimiterScope,
     /// Workers sharing a campaign, for lease sizes and the Redis-down fallback rate.
     pub workers_estimate: u32,
-}
-
-/// `limiter.scope`: `local` (each worker applies the full rate) or `redis` (the workers
-/// of a consumer group share it; see `crate::distributed`). The default for every
-/// campaign; a campaign's own `limiter_scope` (stored, set through the API) wins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LimiterScope {
-    Local,
-    Redis,
-}
-
-impl LimiterScope {
-    pub const ALL: [LimiterScope; 2] = [LimiterScope::Local, LimiterScope::Redis];
-
-    /// The name used in config, the API and the `campaigns.limiter_scope` column.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LimiterScope::Local => "local",
-            LimiterScope::Redis => "redis",
-        }
-    }
-}
-
-impl std::fmt::Display for LimiterScope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A limiter scope name that pushpace does not know.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown limiter scope {0:?}; expected local or redis")]
-pub struct UnknownScope(pub String);
-
-impl std::str::FromStr for LimiterScope {
-    type Err = UnknownScope;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        LimiterScope::ALL
-            .into_iter()
-            .find(|a| a.as_str() == s)
-            .ok_or_else(|| UnknownScope(s.to_string()))
-    }
-}
-
-/// `redis.algorithm`: how the shared limit is kept in Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RedisAlgorithm {
-    /// GCRA in a Lua script: leases are exact time slots of the campaign's schedule.
-    RedisGcra,
-    /// Criteo's approximation: per-window counters weighted by the previous window.
-    RedisSlidingWindow,
 }
 
 /// `[redis]`: the store behind `limiter.scope = "redis"`.

@@ -27,7 +27,6 @@ pub mod redis_gcra;
 pub mod redis_sliding_window;
 pub mod scope;
 
-pub use crate::config::RedisAlgorithm;
 pub use fallback::Membership;
 pub use lease::LeasedLimiter;
 pub use scope::ScopedLimiters;
@@ -40,6 +39,16 @@ use secrecy::{ExposeSecret, SecretString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+/// `redis.algorithm`: how the shared limit is kept in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RedisAlgorithm {
+    /// GCRA in a Lua script: leases are exact time slots of the campaign's schedule.
+    RedisGcra,
+    /// Criteo's approximation: per-window counters weighted by the previous window.
+    RedisSlidingWindow,
+}
 
 /// Errors of the distributed mode.
 #[derive(Debug, thiserror::Error)]

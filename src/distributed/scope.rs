@@ -9,8 +9,9 @@
 
 use super::lease::share;
 use super::{DistributedError, RedisConfig, RedisLimiterFactory};
-use crate::config::{LimiterScope, Settings};
+use crate::config::Settings;
 use crate::limiter::factory::LimiterFactory;
+use crate::limiter::LimiterScope;
 use crate::limiter::{self, Algorithm, Clock, DynLimiter, Rate};
 use std::sync::{Arc, OnceLock};
 

@@ -263,3 +263,47 @@ pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u64 {
     let q = u128::from(a) * u128::from(b) / u128::from(c.max(1));
     u64::try_from(q).unwrap_or(u64::MAX)
 }
+
+/// `limiter.scope`: `local` (each worker applies the full rate) or `redis` (the workers
+/// of a consumer group share it; see `crate::distributed`). The default for every
+/// campaign; a campaign's own `limiter_scope` (stored, set through the API) wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimiterScope {
+    Local,
+    Redis,
+}
+
+impl LimiterScope {
+    pub const ALL: [LimiterScope; 2] = [LimiterScope::Local, LimiterScope::Redis];
+
+    /// The name used in config, the API and the `campaigns.limiter_scope` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimiterScope::Local => "local",
+            LimiterScope::Redis => "redis",
+        }
+    }
+}
+
+impl std::fmt::Display for LimiterScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A limiter scope name that pushpace does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown limiter scope {0:?}; expected local or redis")]
+pub struct UnknownScope(pub String);
+
+impl std::str::FromStr for LimiterScope {
+    type Err = UnknownScope;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        LimiterScope::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| UnknownScope(s.to_string()))
+    }
+}

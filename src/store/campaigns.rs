@@ -18,7 +18,7 @@ pub use validate::{
 pub use write::{halt, put, put_by, set_status, set_status_by, upsert_from_job};
 
 use super::StoreError;
-use crate::config::LimiterScope;
+use crate::limiter::LimiterScope;
 use crate::limiter::{Algorithm, Rate};
 use chrono::{DateTime, Utc};
 

@@ -1,7 +1,7 @@
 //! The checks a campaign's values pass before any SQL runs, each error naming its
 //! field; the schema's CHECK constraints are the backstop.
 
-use crate::config::LimiterScope;
+use crate::limiter::LimiterScope;
 use crate::limiter::Rate;
 use crate::store::StoreError;
 

@@ -5,7 +5,7 @@ use super::{
     get, validate_actor, validate_burst, validate_id, validate_send_rate, validate_weight,
     Campaign, CampaignDefaults, CampaignPatch, CampaignRow, CampaignStatus, COLUMNS,
 };
-use crate::config::LimiterScope;
+use crate::limiter::LimiterScope;
 use crate::limiter::{Algorithm, Rate};
 use crate::store::StoreError;
 use sqlx::PgPool;
