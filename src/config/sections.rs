@@ -133,7 +133,6 @@ pub struct KafkaSettings {
     pub brokers: String,
     pub topic: String,
     pub group_id: String,
-    pub dead_letter_topic: String,
     pub partitions: i32,
     #[serde(deserialize_with = "by_name")]
     pub isolation_level: IsolationLevel,

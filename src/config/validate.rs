@@ -31,20 +31,10 @@ impl Settings {
                 }
             }
         }
-        for (key, v) in [
-            ("kafka.topic", &k.topic),
-            ("kafka.group_id", &k.group_id),
-            ("kafka.dead_letter_topic", &k.dead_letter_topic),
-        ] {
+        for (key, v) in [("kafka.topic", &k.topic), ("kafka.group_id", &k.group_id)] {
             if v.trim().is_empty() {
                 return Err(invalid(key, "must not be empty"));
             }
-        }
-        if k.topic == k.dead_letter_topic {
-            return Err(invalid(
-                "kafka.dead_letter_topic",
-                "must differ from kafka.topic",
-            ));
         }
         if !(1..=1024).contains(&k.partitions) {
             return Err(invalid("kafka.partitions", "must be 1–1024"));

@@ -14,7 +14,6 @@ fn kafka_settings(group: &str) -> KafkaSettings {
         brokers: String::new(),
         topic: String::new(),
         group_id: group.to_string(),
-        dead_letter_topic: String::new(),
         partitions: 4,
         isolation_level: IsolationLevel::ReadUncommitted,
         commit_interval_ms: 1000,
