@@ -5,8 +5,9 @@ use super::bucket;
 use super::log::Log;
 use super::{Behaviour, BehaviourChange, RetryAfter, SinkConfig};
 use hyper::StatusCode;
+use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// What the handle and every connection share: start instants, limits, the behaviour
@@ -78,13 +79,14 @@ impl Shared {
         }
     }
 
-    // A panic while holding these locks leaves plain data behind; keep serving.
+    // parking_lot locks are not poisoned: a panic while holding one leaves plain data
+    // behind, and the sink keeps serving.
     pub(super) fn control(&self) -> MutexGuard<'_, Control> {
-        self.control.lock().unwrap_or_else(|e| e.into_inner())
+        self.control.lock()
     }
 
     pub(super) fn log(&self) -> MutexGuard<'_, Log> {
-        self.log.lock().unwrap_or_else(|e| e.into_inner())
+        self.log.lock()
     }
 
     pub(super) fn apply(&self, change: BehaviourChange) {

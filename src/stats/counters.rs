@@ -19,7 +19,10 @@ use super::progress::{JobCell, JobKey, JobProgressHandle};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+// parking_lot: no poisoning to recover from; the counts stay consistent between
+// statements whatever a panicking holder did.
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const RING_BITS: u32 = 6;
@@ -80,7 +83,7 @@ impl CampaignCells {
 
     #[cold]
     fn spill(&self, second: u64, outcome: Outcome, n: u64) {
-        let mut spill = lock(&self.spill);
+        let mut spill = self.spill.lock();
         if let Some(entry) = spill.iter_mut().rev().find(|(s, _)| *s == second) {
             entry.1[outcome as usize] += n;
         } else {
@@ -106,7 +109,7 @@ impl CampaignCells {
                 }
             }
         }
-        let mut spill = lock(&self.spill);
+        let mut spill = self.spill.lock();
         for (second, counts) in spill.drain(..) {
             for (outcome, count) in counts.into_iter().enumerate() {
                 if count != 0 {
@@ -115,14 +118,6 @@ impl CampaignCells {
             }
         }
     }
-}
-
-/// Locks a mutex, recovering it if a panicking holder poisoned it: the data (counts,
-/// registrations) stays consistent between statements, so it is still good.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A campaign's counters: cheap to clone, lock-free to use.
@@ -227,7 +222,7 @@ impl StatsRecorder {
     /// The counters of campaign `id`, registering it on first use. This takes the
     /// recorder's lock: call it once per campaign, not per send.
     pub fn campaign(&self, id: &str) -> CampaignCounter {
-        let mut campaigns = lock(&self.inner.campaigns);
+        let mut campaigns = self.inner.campaigns.lock();
         if let Some(cells) = campaigns.get(id) {
             return CampaignCounter {
                 cells: cells.clone(),
@@ -244,7 +239,7 @@ impl StatsRecorder {
     /// last value is durable.
     pub fn track_job(&self, key: JobKey) -> JobProgressHandle {
         let cell = Arc::new(JobCell::new(key));
-        lock(&self.inner.jobs).push(cell.clone());
+        self.inner.jobs.lock().push(cell.clone());
         JobProgressHandle::new(cell)
     }
 
@@ -258,7 +253,7 @@ impl StatsRecorder {
     /// Takes every campaign's counts out, calling `sink(campaign, second, outcome, n)`,
     /// and forgets campaigns that no handle refers to any more.
     pub(crate) fn drain_counts(&self, mut sink: impl FnMut(&Arc<str>, u64, usize, u64)) {
-        let mut campaigns = lock(&self.inner.campaigns);
+        let mut campaigns = self.inner.campaigns.lock();
         let mut unused = Vec::new();
         for (id, cells) in campaigns.iter() {
             // Checked before draining: no handle now means no write after this point,
@@ -276,12 +271,12 @@ impl StatsRecorder {
 
     /// Campaigns currently registered (for tests and metrics).
     pub fn campaigns_registered(&self) -> usize {
-        lock(&self.inner.campaigns).len()
+        self.inner.campaigns.lock().len()
     }
 
     /// Jobs currently tracked (for tests and metrics).
     pub fn jobs_tracked(&self) -> usize {
-        lock(&self.inner.jobs).len()
+        self.inner.jobs.lock().len()
     }
 }
 
@@ -372,7 +367,7 @@ mod tests {
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     recorder.drain_counts(|_, second, _, n| {
-                        *lock(&total).entry(second).or_default() += n;
+                        *total.lock().entry(second).or_default() += n;
                     });
                 }
             })
@@ -394,9 +389,9 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         drainer.join().unwrap();
         recorder.drain_counts(|_, second, _, n| {
-            *lock(&total).entry(second).or_default() += n;
+            *total.lock().entry(second).or_default() += n;
         });
-        let total = lock(&total);
+        let total = total.lock();
         assert_eq!(total.values().sum::<u64>(), 800_000);
         for (second, count) in total.iter() {
             let writers_covering = (0..4u64)

@@ -23,7 +23,7 @@
 //! written again harmlessly). A batch's rows are frozen once tried, and rows drained
 //! during an outage wait in the next batch.
 
-use super::counters::{lock, StatsRecorder, OUTCOMES};
+use super::counters::{StatsRecorder, OUTCOMES};
 use super::progress::{JobCell, Snapshot};
 use super::StatsError;
 use crate::store::listen::shutdown_requested;
@@ -273,7 +273,7 @@ impl Flusher {
         // (The other order could commit a device as done whose count lands in the next
         // batch, which a crash would then lose.)
         {
-            let mut jobs = lock(&self.inner.recorder.inner.jobs);
+            let mut jobs = self.inner.recorder.inner.jobs.lock();
             // Forget jobs whose handle was dropped after their last value became durable.
             jobs.retain(|cell| !cell.finished());
             for cell in jobs.iter() {
@@ -418,7 +418,12 @@ impl Flusher {
             cell.mark_durable(snapshot);
         }
         drop(batch);
-        lock(&self.inner.recorder.inner.jobs).retain(|cell| !cell.finished());
+        self.inner
+            .recorder
+            .inner
+            .jobs
+            .lock()
+            .retain(|cell| !cell.finished());
     }
 
     async fn write_batch(&self, batch: &Batch, report: &mut FlushReport) -> Result<(), StoreError> {
