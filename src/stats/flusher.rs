@@ -26,6 +26,7 @@
 use super::counters::{StatsRecorder, OUTCOMES};
 use super::progress::{JobCell, Snapshot};
 use super::StatsError;
+use crate::store::flush::{self, FlushRows};
 use crate::store::listen::shutdown_requested;
 use crate::store::StoreError;
 use chrono::{DateTime, Utc};
@@ -458,29 +459,21 @@ impl Flusher {
         let done: Vec<i32> = sets.iter().map(|s| clamp_i32(s.done)).collect();
         let after: Vec<Vec<u8>> = sets.iter().map(Snapshot::after_bytes).collect();
         self.count_statement(report);
-        sqlx::query(FLUSH)
-            .bind(&self.inner.id)
-            .bind(i64::try_from(batch.seq).unwrap_or(i64::MAX))
-            .bind(&campaigns)
-            .bind(&seconds)
-            .bind(column(0))
-            .bind(column(1))
-            .bind(column(2))
-            .bind(column(3))
-            .bind(column(4))
-            .bind(&jobs)
-            .bind(&job_campaigns)
-            .bind(&partitions)
-            .bind(&offsets)
-            .bind(&totals)
-            .bind(&done)
-            .bind(&after)
-            .bind(column(5))
-            .bind(column(6))
-            .bind(column(7))
-            .bind(column(8))
-            .execute(&self.inner.pool)
-            .await?;
+        let rows = FlushRows {
+            flusher_id: &self.inner.id,
+            seq: i64::try_from(batch.seq).unwrap_or(i64::MAX),
+            campaigns: &campaigns,
+            seconds: &seconds,
+            counts: std::array::from_fn(column),
+            jobs: &jobs,
+            job_campaigns: &job_campaigns,
+            partitions: &partitions,
+            offsets: &offsets,
+            totals: &totals,
+            done: &done,
+            after: &after,
+        };
+        flush::write(&self.inner.pool, &rows).await?;
         Ok(())
     }
 
@@ -491,67 +484,12 @@ impl Flusher {
     }
 }
 
+// The statement takes one count column per outcome.
+const _: () = assert!(OUTCOMES == flush::COUNT_COLUMNS);
+
 fn clamp_i32(v: u32) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
-
-/// The whole flush in one statement: the batch marker (see the module docs; older
-/// markers of this flusher are dropped, a later batch being written), every
-/// campaign-second added into `delivery_seconds` unless the marker shows the batch was
-/// already committed, and every job's finished set united with the stored one (it only
-/// grows, so writing it twice is harmless). `done_after` arrives as bytes, first device
-/// in the high bit, and is normalised by `job_progress_union` (see its migration).
-const FLUSH: &str = "\
-WITH marker AS (
-    INSERT INTO stats_flushes (flusher_id, seq) VALUES ($1, $2)
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-), cleanup AS (
-    DELETE FROM stats_flushes WHERE flusher_id = $1 AND seq < $2
-), seconds AS (
-    INSERT INTO delivery_seconds AS d
-        (campaign_id, second, sent, failed, retried, skipped_invalid, capped, invalid, rejected,
-         expired, cancelled)
-    SELECT u.campaign_id, u.second, u.sent, u.failed, u.retried, u.skipped_invalid, u.capped,
-           u.invalid, u.rejected, u.expired, u.cancelled
-    FROM UNNEST($3::text[], $4::timestamptz[], $5::int8[], $6::int8[], $7::int8[], $8::int8[],
-                $9::int8[], $17::int8[], $18::int8[], $19::int8[], $20::int8[])
-        AS u(campaign_id, second, sent, failed, retried, skipped_invalid, capped, invalid, rejected,
-             expired, cancelled)
-    WHERE EXISTS (SELECT 1 FROM marker)
-    ON CONFLICT (campaign_id, second) DO UPDATE SET
-        sent = d.sent + EXCLUDED.sent,
-        failed = d.failed + EXCLUDED.failed,
-        retried = d.retried + EXCLUDED.retried,
-        skipped_invalid = d.skipped_invalid + EXCLUDED.skipped_invalid,
-        capped = d.capped + EXCLUDED.capped,
-        invalid = d.invalid + EXCLUDED.invalid,
-        rejected = d.rejected + EXCLUDED.rejected,
-        expired = d.expired + EXCLUDED.expired,
-        cancelled = d.cancelled + EXCLUDED.cancelled
-), progress AS (
-    INSERT INTO job_progress AS p
-        (job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, done_after,
-         completed_at, updated_at)
-    SELECT u.job_id, u.campaign_id, u.partition, u.kafka_offset, u.devices_total,
-           LEAST(n.devices_done, u.devices_total), n.done_after,
-           CASE WHEN n.devices_done >= u.devices_total THEN now() END, now()
-    FROM UNNEST($10::text[], $11::text[], $12::int4[], $13::int8[], $14::int4[], $15::int4[],
-                $16::bytea[])
-        AS u(job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, after)
-    CROSS JOIN LATERAL job_progress_union(u.devices_done,
-        ('x' || encode(u.after, 'hex'))::bit varying, 0, B'') AS n
-    ON CONFLICT (campaign_id, job_id) DO UPDATE SET
-        partition = EXCLUDED.partition,
-        kafka_offset = EXCLUDED.kafka_offset,
-        (devices_done, done_after, completed_at) = (
-            SELECT LEAST(m.devices_done, p.devices_total), m.done_after,
-                   COALESCE(p.completed_at, CASE WHEN m.devices_done >= p.devices_total THEN now() END)
-            FROM job_progress_union(p.devices_done, p.done_after,
-                                    EXCLUDED.devices_done, EXCLUDED.done_after) AS m),
-        updated_at = now()
-)
-SELECT 1";
 
 /// A flusher id unique across processes and restarts: pid, start time and a counter.
 fn unique_id() -> String {

@@ -19,6 +19,7 @@ pub mod campaigns;
 pub mod dead_letters;
 pub mod delivery;
 pub mod events;
+pub mod flush;
 pub mod listen;
 pub mod offsets;
 pub mod progress;
