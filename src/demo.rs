@@ -13,6 +13,7 @@
 
 mod apns;
 pub mod feed;
+mod showcase;
 
 use crate::broker::EmbeddedBroker;
 use crate::config::Settings;
@@ -22,6 +23,7 @@ use crate::sender::{AnySender, HttpSender, HttpSenderConfig};
 use crate::sink::{Sink, SinkConfig, SinkHandle};
 use crate::store::campaigns::{self, CampaignPatch};
 use crate::worker::{campaign_defaults, Worker, WorkerError};
+use chrono::{DateTime, Utc};
 use feed::Feeder;
 use secrecy::ExposeSecret;
 use std::fmt::Write as _;
@@ -184,7 +186,7 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     )?;
 
     let run_id = format!("demo{}", chrono::Utc::now().format("%H%M%S"));
-    let (plan, algorithms) = plan_campaigns(&settings, &pool, args, &run_id).await?;
+    let (plan, algorithms, scheduled) = plan_campaigns(&settings, &pool, args, &run_id).await?;
     let mut feeder = Feeder::new(
         &bootstrap,
         &settings.kafka.topic,
@@ -259,6 +261,19 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
         })
         .collect();
     println!("\n{}", summary_table(&rows));
+    if let (Some(at), Some(last)) = (scheduled, plan.campaigns.last()) {
+        println!("{}", showcase::scheduled_line(&sink, &last.id, at));
+    }
+    if plan.campaigns.len() > WEIGHTED.1 {
+        let (a, b) = (
+            &plan.campaigns[WEIGHTED.0].id,
+            &plan.campaigns[WEIGHTED.1].id,
+        );
+        println!(
+            "{}",
+            showcase::weighted_line(&sink, a, b, (1.0, WEIGHTED_WEIGHT))
+        );
+    }
     println!("{}", verdict(&rows, settings.kafka.is_embedded()));
     Ok(rows)
 }
@@ -426,14 +441,16 @@ const WEIGHTED_WEIGHT: f64 = 3.0;
 const CAPPED: &str = "capped";
 const CAPPED_RATE: f64 = 100.0;
 
-/// Creates the demo's campaigns (rates and algorithms cycling) and plans their jobs.
+/// Creates the demo's campaigns (rates and algorithms cycling) and plans their jobs;
+/// returns the last one's `start_at` when it is scheduled.
 async fn plan_campaigns(
     settings: &Settings,
     pool: &sqlx::PgPool,
     args: &DemoArgs,
     run_id: &str,
-) -> Result<(ProducePlan, Vec<Algorithm>), DemoError> {
+) -> Result<(ProducePlan, Vec<Algorithm>, Option<DateTime<Utc>>), DemoError> {
     let defaults = campaign_defaults(settings);
+    let mut scheduled = None;
     let mut plan = ProducePlan {
         campaigns: Vec::new(),
         job_size: 500,
@@ -451,6 +468,7 @@ async fn plan_campaigns(
             .then(|| chrono::Utc::now() + chrono::Duration::seconds(SCHEDULED_START_S));
         if start_at.is_some() {
             println!("campaign {id} is scheduled: it starts {SCHEDULED_START_S} s in");
+            scheduled = start_at;
         }
         campaigns::put(
             pool,
@@ -474,7 +492,7 @@ async fn plan_campaigns(
         });
         algorithms.push(algorithm);
     }
-    Ok((plan, algorithms))
+    Ok((plan, algorithms, scheduled))
 }
 
 fn progress_bar(done: u64, total: u64, width: usize) -> String {

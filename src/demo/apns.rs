@@ -59,7 +59,7 @@ pub(super) async fn run(
     )?;
 
     let run_id = format!("demo{}", chrono::Utc::now().format("%H%M%S"));
-    let (plan, algorithms) = plan_campaigns(&settings, &pool, args, &run_id).await?;
+    let (plan, algorithms, _scheduled) = plan_campaigns(&settings, &pool, args, &run_id).await?;
     let style = TokenStyle::ApnsHex { dead: Some(0) };
     let dead = style.device(&run_id, &plan.campaigns[0].id, 0, 0);
     let mut feeder = Feeder::new(

@@ -281,4 +281,31 @@ fn the_embedded_demo_at_100_campaigns_loses_nothing() {
     assert!(!out.contains("still unsent"), "{out}");
     assert!(!out.contains("WARNING"), "{out}");
     assert!(out.contains("admin token for this run"), "{out}");
+    // The scheduled campaign waited for its start.
+    let after_ms: i64 = number_after(&out, "first push ", " ms after its start_at");
+    assert!(
+        (0..=DEMO_START_LATE_MS).contains(&after_ms),
+        "scheduled campaign's first push {after_ms} ms after its start"
+    );
+    // The weighted pair shared the cap 1:3 (the issue's ±5%).
+    let ratio: f64 = number_after(&out, ", ratio ", " (weights 1:3)");
+    assert!(
+        (2.85..=3.15).contains(&ratio),
+        "weighted ratio {ratio}: {out}"
+    );
+}
+
+/// How late the demo's scheduled campaign may start: the due queue wakes it at its
+/// instant; the rest is its first push's trip to the sink on a machine that runs the
+/// rest of the suite at once.
+const DEMO_START_LATE_MS: i64 = 2_000;
+
+/// The number between `before` and `after` on the line of `out` that has both.
+fn number_after<T: std::str::FromStr>(out: &str, before: &str, after: &str) -> T {
+    out.lines()
+        .find_map(|l| {
+            let rest = &l[l.find(before)? + before.len()..];
+            rest[..rest.find(after)?].trim().parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no line with {before:?}…{after:?} in:\n{out}"))
 }
