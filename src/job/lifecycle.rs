@@ -47,6 +47,21 @@ impl Lifecycle {
     }
 }
 
+/// Bounds the provider's own expiry (`apns-expiration`, FCM `ttl`, Web Push `TTL`) of
+/// `job` by its campaign's `expires_at` (unix ms): the earlier of the job's `expiration`
+/// and the campaign's, so that a provider does not deliver after the campaign stopped
+/// being worth sending. A job that gives `ttl_s` keeps its own choice. The job is copied
+/// only when it changes while shared.
+pub fn bound_by_campaign_expiry(job: &mut std::sync::Arc<super::Job>, expires_at_ms: Option<i64>) {
+    let Some(at) = expires_at_ms.map(|ms| ms.div_euclid(1000)) else {
+        return;
+    };
+    let o = &job.options;
+    if o.ttl_s.is_none() && o.expiration.is_none_or(|e| e > at) {
+        std::sync::Arc::make_mut(job).options.expiration = Some(at);
+    }
+}
+
 /// Unix milliseconds as JSON seconds: whole when they are, else with 3 decimals.
 fn fmt_seconds(ms: i64) -> String {
     if ms % 1000 == 0 {
@@ -112,6 +127,36 @@ pub(super) fn total_devices(v: Scalar) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_campaign_expiry_bounds_the_providers_own() {
+        let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
+        let mut job = std::sync::Arc::new(
+            super::super::Job::new("j", "c", vec!["d".to_string()], payload).unwrap(),
+        );
+        bound_by_campaign_expiry(&mut job, None);
+        assert_eq!(job.options.expiration, None);
+        bound_by_campaign_expiry(&mut job, Some(2_000_500));
+        assert_eq!(job.options.expiration, Some(2_000));
+        // A later campaign expiry leaves the earlier one; an earlier one wins.
+        bound_by_campaign_expiry(&mut job, Some(3_000_000));
+        assert_eq!(job.options.expiration, Some(2_000));
+        let shared = job.clone();
+        bound_by_campaign_expiry(&mut job, Some(1_000_000));
+        assert_eq!(job.options.expiration, Some(1_000));
+        assert_eq!(
+            shared.options.expiration,
+            Some(2_000),
+            "copied, not changed"
+        );
+        // The job's own ttl_s is its choice.
+        let mut ttl = (*shared).clone();
+        ttl.options.expiration = None;
+        ttl.options.ttl_s = Some(60);
+        let mut ttl = std::sync::Arc::new(ttl);
+        bound_by_campaign_expiry(&mut ttl, Some(1_000_000));
+        assert_eq!(ttl.options.expiration, None);
+    }
 
     #[test]
     fn instants_take_seconds_and_rfc3339() {

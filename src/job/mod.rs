@@ -20,7 +20,7 @@ mod options;
 pub mod provider_rules;
 
 pub use devices::{Subscription, SubscriptionKeys};
-pub use lifecycle::{Lifecycle, MAX_CAMPAIGN_TOTAL, MAX_UNIX_S};
+pub use lifecycle::{bound_by_campaign_expiry, Lifecycle, MAX_CAMPAIGN_TOTAL, MAX_UNIX_S};
 pub use options::{
     check_provider_name, Priority, PushOptions, PushType, MAX_COLLAPSE_ID_BYTES, MAX_PROVIDER_NAME,
     MAX_TTL_S,

@@ -53,7 +53,7 @@ impl Scheduler {
     /// Takes a job from the consumer.
     pub fn add_job(&mut self, incoming: IncomingJob, now: Nanos) {
         let IncomingJob {
-            job,
+            mut job,
             partition,
             offset,
             already_done,
@@ -74,6 +74,7 @@ impl Scheduler {
             .known
             .get(&campaign_id)
             .map_or(settings, |(s, _)| s.clone());
+        crate::job::bound_by_campaign_expiry(&mut job, settings.expires_at_ms);
         self.known
             .insert(campaign_id.clone(), (settings.clone(), now));
         let cslot = self.campaign_slot(settings, job.provider_slot);

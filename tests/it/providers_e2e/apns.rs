@@ -269,3 +269,43 @@ async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
     assert_eq!((c.failed, c.rejected, c.invalid), (0, 0, 0), "{c:?}");
     env.stop().await;
 }
+
+/// A campaign's `expires_at` becomes `apns-expiration` of a job that sets none, and
+/// bounds a job's later `expiration`; a job's earlier one stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_expiry_sets_apns_expiration() {
+    use pushpace::store::campaigns::{put, CampaignDefaults, CampaignPatch};
+    let (mock, env) = start(|_| {}).await;
+    let c = campaign("exp");
+    let expires = chrono::Utc::now() + chrono::Duration::hours(1);
+    let patch = CampaignPatch {
+        send_rate: Some(100.0),
+        expires_at: Some(Some(expires)),
+        ..Default::default()
+    };
+    put(&env.pool, &c, &patch, &CampaignDefaults::default())
+        .await
+        .expect("campaign stored");
+    let (none, later, earlier) = (tokens("f1", 3), tokens("f2", 3), tokens("f3", 3));
+    let mut with_later = apns_job(&c, 100.0, &later);
+    with_later["expiration"] = json!(expires.timestamp() + 600);
+    let mut with_earlier = apns_job(&c, 100.0, &earlier);
+    with_earlier["expiration"] = json!(expires.timestamp() - 600);
+    for j in [apns_job(&c, 100.0, &none), with_later, with_earlier] {
+        env.produce(j).await;
+    }
+    let all: Vec<String> = none.iter().chain(&later).chain(&earlier).cloned().collect();
+    wait_until("every device delivered", GROUP_JOIN, || async {
+        all_delivered(&mock, &all, 1)
+    })
+    .await;
+    for push in mock.controls().delivered() {
+        let want = if earlier.contains(&push.token) {
+            expires.timestamp() - 600
+        } else {
+            expires.timestamp()
+        };
+        assert_eq!(push.expiration, Some(want), "{}", push.token);
+    }
+    env.stop().await;
+}
