@@ -737,9 +737,12 @@ async fn produce_spread(topic: &str, plan: &ProducePlan, partitions: i32) {
 /// Three workers at 2,000/s, settled (the test fails if the group does not settle
 /// within [`SETTLE_LIMIT`]): the rate checked over 6 s.
 async fn three_workers_at_2000() -> ProcessRun {
-    let run = start_workers(&[(2000.0, 150_000)], 3, None).await;
+    let mut run = start_workers(&[(2000.0, 150_000)], 3, None).await;
     let id = run.campaigns[0].0.clone();
-    let settled = run.settle().await;
+    // The 6 s check, the 30 s watch after the event, and 10 s for the test's own steps.
+    let settled = run
+        .settle(Duration::from_secs(6) + WATCH + Duration::from_secs(10))
+        .await;
     let full = whole_seconds(&run.sink, &id, Duration::from_secs(6)).await;
     let max = full.iter().copied().max().unwrap_or(0);
     let mean = full.iter().sum::<u64>() as f64 / full.len().max(1) as f64;
@@ -857,6 +860,9 @@ struct ProcessRun {
     sink: pushpace::sink::SinkHandle,
     campaigns: Vec<(String, f64)>,
     total: u64,
+    /// What was produced, for [`ProcessRun::settle`]'s top-ups (each adds to it).
+    plan: ProducePlan,
+    topic: String,
     workers: Children,
     /// Each worker's log, where it reports the partitions it is assigned and revoked.
     logs: Vec<std::path::PathBuf>,
@@ -907,6 +913,8 @@ async fn start_workers(
             .map(|c| (c.id.clone(), c.send_rate.as_f64()))
             .collect(),
         total: plan.total_devices() as u64,
+        plan,
+        topic,
         sink,
         workers: Children(children),
         logs: (0..workers)
@@ -927,11 +935,16 @@ const SETTLED_SECONDS: u64 = 6;
 /// rebalancing, not pushpace.
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
+/// Devices each campaign keeps unsent while the group settles (topped up as it goes), so
+/// that a long settling never ends a campaign: a top-up of 20 s at 2,000/s is 160 jobs,
+/// produced and read within a few seconds.
+const SETTLING_AHEAD: Duration = Duration::from_secs(20);
+
 impl ProcessRun {
     /// Waits for sending to start and the group to settle (tansu may rebalance a few
     /// times while members join); returns how long that took. Fails the test when the
     /// group does not settle within [`SETTLE_LIMIT`] per step.
-    async fn settle(&self) -> Duration {
+    async fn settle(&mut self, ahead: Duration) -> Duration {
         let t = Instant::now();
         let end = t + SETTLE_LIMIT;
         while self.sink.summary().delivered < 1000 {
@@ -955,6 +968,7 @@ impl ProcessRun {
                 last = owned;
                 unchanged_since = Instant::now();
             }
+            self.top_up(SETTLING_AHEAD).await;
             let all: usize = last.iter().map(|o| o.len()).sum();
             let union: std::collections::BTreeSet<i32> = last.iter().flatten().copied().collect();
             if last.iter().all(|o| !o.is_empty())
@@ -974,19 +988,41 @@ impl ProcessRun {
             owned_partitions(&self.logs),
             self.logs
         );
-        t.elapsed()
+        let took = t.elapsed();
+        self.top_up(ahead).await;
+        took
+    }
+
+    /// Produces more devices for each campaign that has fewer than `ahead` of its
+    /// seconds left unsent, so that what the test watches after settling is never the
+    /// end of its devices: settling has taken from 10 s to over 90 s (a whole-suite
+    /// run: 95 s, after which a 100 s campaign ran dry in the watch). New devices join
+    /// the end of the partitions; the campaigns still hold devices while they arrive.
+    async fn top_up(&mut self, ahead: Duration) {
+        let sink = &self.sink;
+        let sent = |id: &str| sink.campaign(id).map_or(0, |c| c.distinct_delivered);
+        let Some(more) = crate::helpers::top_up_plan(&mut self.plan, ahead, sent) else {
+            return;
+        };
+        eprintln!(
+            "topped up for {ahead:?} ahead: {:?}",
+            more.campaigns.iter().map(|c| c.devices).collect::<Vec<_>>()
+        );
+        produce_spread(&self.topic, &more, 6).await;
+        self.total += more.total_devices() as u64;
     }
 
     /// Waits until [`SETTLED_SECONDS`] whole seconds in a row carry the summed rate, and
     /// each campaign's own, within ±2% (+1 for arrival jitter); returns how long that
     /// took, or `None` after `limit`.
-    async fn stable_within(&self, limit: Duration) -> Option<Duration> {
+    async fn stable_within(&mut self, limit: Duration) -> Option<Duration> {
         const N: usize = SETTLED_SECONDS as usize;
         let t = Instant::now();
         let since = unix_now();
         let target: f64 = self.campaigns.iter().map(|(_, r)| r).sum();
         while t.elapsed() < limit {
             tokio::time::sleep(Duration::from_millis(250)).await;
+            self.top_up(SETTLING_AHEAD).await;
             let now = unix_now();
             if now < since + SETTLED_SECONDS + 1 {
                 continue; // whole seconds after the call
@@ -1123,11 +1159,11 @@ async fn paced_three_worker_processes_keep_ten_campaigns_at_their_own_rates() {
     let rates = [
         50.0, 100.0, 150.0, 200.0, 250.0, 300.0, 350.0, 400.0, 450.0, 500.0,
     ];
-    // 100 s of devices each: tansu has been seen to move partitions for over a minute
-    // before the group settles, and the slowest campaign must still be sending then.
-    let campaigns: Vec<(f64, usize)> = rates.iter().map(|&r| (r, (r * 100.0) as usize)).collect();
-    let run = start_workers(&campaigns, 3, None).await;
-    let settled = run.settle().await;
+    // 40 s of devices each; settling tops them up while tansu moves partitions.
+    let campaigns: Vec<(f64, usize)> = rates.iter().map(|&r| (r, (r * 40.0) as usize)).collect();
+    let mut run = start_workers(&campaigns, 3, None).await;
+    // The 7 s watch below and 10 s to spare.
+    let settled = run.settle(Duration::from_secs(17)).await;
     eprintln!("ten campaigns: group settled after {settled:?}");
     let first = unix_now() + 1;
     tokio::time::sleep(Duration::from_secs(7)).await;
@@ -1165,14 +1201,17 @@ const CAMPAIGN_IDLE_LOG: &str = "campaign idle";
 async fn paced_redis_stopped_for_20_s_the_fallback_holds_the_rate_and_nothing_is_lost() {
     let _g = pacing_lock().await;
     let proxy = Proxy::start(REDIS).await;
-    let run = start_workers(
+    let mut run = start_workers(
         &[(2000.0, 90_000)],
         3,
         Some(format!("redis://127.0.0.1:{}", proxy.port)),
     )
     .await;
     let id = run.campaigns[0].0.clone();
-    let settled = run.settle().await;
+    // The outage's 19 s, the workers' return (REDIS_BACK_LIMIT), 3 s after, 10 s to spare.
+    let settled = run
+        .settle(Duration::from_secs(19 + 3 + 10) + REDIS_BACK_LIMIT)
+        .await;
     eprintln!("group settled after {settled:?}");
     proxy.set_up(false);
     // The first second of the outage is the switch; the rest is the fallback.
