@@ -30,7 +30,9 @@ mod process;
 mod providers;
 mod report;
 
-pub use phases::{pacing_distribution, pacing_rates};
+pub use phases::{
+    long_tail_rates, pacing_1000_figures, pacing_distribution, pacing_rates, PACING_1000_TOTAL,
+};
 pub use report::{render_table, BenchReport, Pacing1000Result, PacingResult, PhaseResult};
 
 use crate::config::Settings;

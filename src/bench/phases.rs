@@ -168,7 +168,7 @@ impl Ctx {
         db: &str,
         args: &BenchArgs,
     ) -> Result<(PhaseResult, Pacing1000Result), BenchError> {
-        let rates = long_tail_rates(1000);
+        let rates = long_tail_rates(1000, PACING_1000_TOTAL);
         // The same job size as the 100-campaign phase: a slow campaign's whole run fits
         // one job, and the CPU per send compares like with like.
         let job_size = args.job_size;
@@ -257,25 +257,46 @@ type PacedRun = (
     std::collections::HashMap<String, f64>,
 );
 
-/// `n` rates in issue 24's long-tailed mix, log-uniform within each tier: 90% at
-/// 1–50/s, 9% at 100–1,000/s, 1% at 2,000–5,000/s.
-pub fn long_tail_rates(n: usize) -> Vec<f64> {
-    let tier = |count: usize, lo: f64, hi: f64| {
-        (0..count).map(move |i| {
-            let u = if count == 1 {
-                0.5
-            } else {
-                i as f64 / (count - 1) as f64
-            };
-            (lo * (hi / lo).powf(u) * 1000.0).round() / 1000.0
-        })
+/// The summed rate of the `pacing-1000` phase: issue 24's "about 50,000/s".
+pub const PACING_1000_TOTAL: f64 = 50_000.0;
+
+/// `n` rates in issue 24's long-tailed mix summing to `total`: 90% at 1–50/s, 9% at
+/// 100–1,000/s, 1% at 2,000–5,000/s. Within a tier of `m` campaigns the i-th rate is
+/// `lo · (hi/lo)^(u^k)`, `u = i/(m−1)`: log-uniform at `k = 1` (which sums to about
+/// 79,600/s for 1,000), skewed towards each tier's low end as `k` grows. One `k` for all
+/// tiers is found by bisection so that the sum is `total` (clamped to what the tiers
+/// allow). No randomness: the same `n` and `total` give the same rates.
+pub fn long_tail_rates(n: usize, total: f64) -> Vec<f64> {
+    let draw = |k: f64| -> Vec<f64> {
+        let tier = |count: usize, lo: f64, hi: f64| {
+            (0..count).map(move |i| {
+                let u = if count == 1 {
+                    0.5
+                } else {
+                    i as f64 / (count - 1) as f64
+                };
+                (lo * (hi / lo).powf(u.powf(k)) * 1000.0).round() / 1000.0
+            })
+        };
+        let (top, mid) = ((n / 100).max(1), (n * 9 / 100).max(1));
+        let low = n.saturating_sub(top + mid);
+        tier(low, 1.0, 50.0)
+            .chain(tier(mid, 100.0, 1000.0))
+            .chain(tier(top, 2000.0, 5000.0))
+            .collect()
     };
-    let (top, mid) = ((n / 100).max(1), (n * 9 / 100).max(1));
-    let low = n.saturating_sub(top + mid);
-    tier(low, 1.0, 50.0)
-        .chain(tier(mid, 100.0, 1000.0))
-        .chain(tier(top, 2000.0, 5000.0))
-        .collect()
+    let sum = |k: f64| draw(k).iter().sum::<f64>();
+    // The sum falls as k grows; k = 1/64 is near each tier's top, 64 near its bottom.
+    let (mut lo, mut hi) = (1.0f64 / 64.0, 64.0f64);
+    for _ in 0..60 {
+        let mid = (lo * hi).sqrt();
+        if sum(mid) > total {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    draw((lo * hi).sqrt())
 }
 
 /// The pacing figures of issue 24: for campaigns at ≥ 100/s, |achieved − rate| / rate
@@ -400,8 +421,11 @@ mod tests {
 
     #[test]
     fn the_long_tail_has_the_issues_tiers() {
-        let r = long_tail_rates(1000);
+        let r = long_tail_rates(1000, PACING_1000_TOTAL);
         assert_eq!(r.len(), 1000);
+        let sum: f64 = r.iter().sum();
+        assert!((sum - 50_000.0).abs() < 1.0, "{sum}");
+        assert_eq!(r, long_tail_rates(1000, PACING_1000_TOTAL));
         let count = |lo: f64, hi: f64| r.iter().filter(|x| **x >= lo && **x <= hi).count();
         assert_eq!(
             (

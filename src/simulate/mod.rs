@@ -15,6 +15,7 @@
 //! buckets; as a table, as JSON, and optionally as an SVG chart.
 
 pub mod ceiling;
+pub mod pacing;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -60,6 +61,22 @@ pub struct SimulateArgs {
     /// but --format and --svg do not apply.
     #[arg(long)]
     pub ceiling: bool,
+    /// Run the scheduler itself with this many campaigns in issue 24's long-tailed mix
+    /// instead (`pacing.rs`); with --total-rate, --seconds, --job-size, --lateness-ms.
+    #[arg(long)]
+    pub campaigns: Option<usize>,
+    /// With --campaigns: the summed rate of the mix.
+    #[arg(long, default_value_t = 50_000.0)]
+    pub total_rate: f64,
+    /// With --campaigns: seconds of sends each campaign is given.
+    #[arg(long, default_value_t = 30)]
+    pub seconds: u64,
+    /// With --campaigns: devices per job.
+    #[arg(long, default_value_t = 500)]
+    pub job_size: usize,
+    /// With --campaigns: each wake-up comes up to this late (seeded, uniform).
+    #[arg(long, default_value_t = 1.0)]
+    pub lateness_ms: f64,
 }
 
 impl Default for SimulateArgs {
@@ -73,6 +90,11 @@ impl Default for SimulateArgs {
             format: Format::Table,
             svg: None,
             ceiling: false,
+            campaigns: None,
+            total_rate: 50_000.0,
+            seconds: 30,
+            job_size: 500,
+            lateness_ms: 1.0,
         }
     }
 }
@@ -340,6 +362,17 @@ pub fn simulate(
 pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     if args.ceiling {
         return run_ceiling(args);
+    }
+    if let Some(campaigns) = args.campaigns {
+        let sim = pacing::PacingSim {
+            campaigns,
+            total_rate: args.total_rate,
+            seconds: args.seconds,
+            job_size: args.job_size.max(1),
+            max_lateness: (args.lateness_ms.max(0.0) * 1e6) as Nanos,
+            ..pacing::PacingSim::default()
+        };
+        return Ok(pacing::table(&sim, &pacing::run(&sim)));
     }
     let rate = Rate::per_second(args.rate)?;
     if args.items > MAX_ITEMS {

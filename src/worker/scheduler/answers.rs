@@ -147,8 +147,16 @@ impl Scheduler {
             self.finish_device(slot, device);
         }
         self.after_ended_answer(slot, now, unix_sec);
-        // Room in flight, a retry to schedule: its next turn has something to look at.
-        self.mark_ready(cslot);
+        // Room in flight, a retry to schedule: its next turn has something to look at,
+        // unless its limiter named a later instant (it sleeps until then, and a retry
+        // needs a permit too): a slow campaign would otherwise take two turns per send.
+        let limited = self.campaigns[cslot as usize]
+            .as_ref()
+            .and_then(|c| c.next_at)
+            .is_some_and(|t| t > now);
+        if !limited {
+            self.mark_ready(cslot);
+        }
         self.settle_mismatches_if_idle(cslot, now, unix_sec);
         self.check_revoke_done();
     }

@@ -442,6 +442,8 @@ mod answer_tests;
 mod lifecycle_tests;
 #[cfg(test)]
 mod outcome_tests;
+#[cfg(test)]
+mod pacing_tests;
 
 #[cfg(test)]
 mod tests {

@@ -72,15 +72,6 @@ impl Scheduler {
             .iter()
             .filter(|Reverse(r)| r.not_before <= now)
             .count() as u32;
-        let mut undispatched: u32 = 0;
-        for &j in &c.queue {
-            if let Some(job) = self.jobs[j as usize].as_ref() {
-                undispatched = undispatched.saturating_add(job.total() - job.next - job.done_ahead);
-                if undispatched >= share {
-                    break;
-                }
-            }
-        }
         // Its share of max_in_flight, or more while half the pool sits idle: the share
         // only has to stop one slow campaign from starving the others.
         let cap = share.max(room_total / 2);
@@ -103,6 +94,18 @@ impl Scheduler {
             .min(provider_room);
         if !c.confirmed {
             room = room.min(PROBE_IN_FLIGHT.saturating_sub(c.in_flight));
+        }
+        // Work across job boundaries up to the room: were `want` cut at the end of a job,
+        // the limiter would grant all of it and name no next instant, and the permits due
+        // until the next turn would be lost (the turn goes on to the next job itself).
+        let mut undispatched: u32 = 0;
+        for &j in &c.queue {
+            if ready_retries.saturating_add(undispatched) >= room {
+                break;
+            }
+            if let Some(job) = self.jobs[j as usize].as_ref() {
+                undispatched = undispatched.saturating_add(job.total() - job.next - job.done_ahead);
+            }
         }
         let want = (ready_retries + undispatched).min(room);
         let mut wake = c
