@@ -269,9 +269,10 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
             &plan.campaigns[WEIGHTED.0].id,
             &plan.campaigns[WEIGHTED.1].id,
         );
+        let weights = (1.0, WEIGHTED_WEIGHT);
         println!(
             "{}",
-            showcase::weighted_line(&sink, a, b, (1.0, WEIGHTED_WEIGHT))
+            showcase::weighted_line(&sink, (a, b), weights, CAPPED_RATE)
         );
     }
     println!("{}", verdict(&rows, settings.kafka.is_embedded()));

@@ -18,8 +18,14 @@ pub fn scheduled_line(sink: &SinkHandle, id: &str, start_at: DateTime<Utc>) -> S
 }
 
 /// The weighted pair's rates over the whole seconds in which both sent (their first and
-/// last seconds left out, being partial), and the ratio of the second to the first.
-pub fn weighted_line(sink: &SinkHandle, a: &str, b: &str, weights: (f64, f64)) -> String {
+/// last seconds left out, being partial), their sum against the cap they share (the
+/// weights decide only while it binds), and the ratio of the second to the first.
+pub fn weighted_line(
+    sink: &SinkHandle,
+    (a, b): (&str, &str),
+    weights: (f64, f64),
+    cap: f64,
+) -> String {
     let (sa, sb) = (sink.per_second(a), sink.per_second(b));
     let inner = |s: &[crate::sink::SecondCount]| match (s.first(), s.last()) {
         (Some(f), Some(l)) if l.unix_second > f.unix_second + 1 => {
@@ -44,7 +50,8 @@ pub fn weighted_line(sink: &SinkHandle, a: &str, b: &str, weights: (f64, f64)) -
     let (ra, rb) = (sum(&sa) as f64 / seconds, sum(&sb) as f64 / seconds);
     format!(
         "weighted pair over the {seconds} whole seconds both sent: {a} {ra:.1}/s, {b} \
-         {rb:.1}/s, ratio {:.2} (weights {}:{})",
+         {rb:.1}/s, together {:.1}/s under a cap of {cap}/s, ratio {:.2} (weights {}:{})",
+        ra + rb,
         rb / ra.max(f64::MIN_POSITIVE),
         weights.0,
         weights.1
