@@ -107,7 +107,7 @@ impl Run {
     async fn top_up(&mut self, ahead: Duration) {
         let sink = &self.sink;
         let sent = |id: &str| sink.campaign(id).map_or(0, |c| c.distinct_delivered);
-        if let Some(more) = crate::helpers::top_up_plan(&mut self.plan, ahead, sent) {
+        if let Some(more) = crate::helpers::top_up_plan(&mut self.plan, (ahead, ahead), sent) {
             pushpace::produce::produce(&brokers(), &self.topic, &more, |_| {})
                 .await
                 .expect("produce");

@@ -935,9 +935,9 @@ const SETTLED_SECONDS: u64 = 6;
 /// rebalancing, not pushpace.
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
-/// Devices each campaign keeps unsent while the group settles (topped up as it goes), so
-/// that a long settling never ends a campaign: a top-up of 20 s at 2,000/s is 160 jobs,
-/// produced and read within a few seconds.
+/// Devices each campaign keeps unsent while the group settles (topped up to twice this
+/// when fewer are left, so top-ups are few), so that a long settling never ends a
+/// campaign: a top-up of 40 s at 2,000/s is 320 jobs, produced and read within seconds.
 const SETTLING_AHEAD: Duration = Duration::from_secs(20);
 
 impl ProcessRun {
@@ -968,7 +968,7 @@ impl ProcessRun {
                 last = owned;
                 unchanged_since = Instant::now();
             }
-            self.top_up(SETTLING_AHEAD).await;
+            self.top_up(SETTLING_AHEAD, 2 * SETTLING_AHEAD).await;
             let all: usize = last.iter().map(|o| o.len()).sum();
             let union: std::collections::BTreeSet<i32> = last.iter().flatten().copied().collect();
             if last.iter().all(|o| !o.is_empty())
@@ -989,19 +989,20 @@ impl ProcessRun {
             self.logs
         );
         let took = t.elapsed();
-        self.top_up(ahead).await;
+        self.top_up(ahead, ahead).await;
         took
     }
 
-    /// Produces more devices for each campaign that has fewer than `ahead` of its
-    /// seconds left unsent, so that what the test watches after settling is never the
+    /// Produces more devices (for `up_to` seconds) for each campaign that has fewer than
+    /// `ahead` of its seconds left unsent, so that what the test watches after settling is never the
     /// end of its devices: settling has taken from 10 s to over 90 s (a whole-suite
     /// run: 95 s, after which a 100 s campaign ran dry in the watch). New devices join
     /// the end of the partitions; the campaigns still hold devices while they arrive.
-    async fn top_up(&mut self, ahead: Duration) {
+    async fn top_up(&mut self, ahead: Duration, up_to: Duration) {
         let sink = &self.sink;
         let sent = |id: &str| sink.campaign(id).map_or(0, |c| c.distinct_delivered);
-        let Some(more) = crate::helpers::top_up_plan(&mut self.plan, ahead, sent) else {
+        let plan = &mut self.plan;
+        let Some(more) = crate::helpers::top_up_plan(plan, (ahead, up_to), sent) else {
             return;
         };
         eprintln!(
@@ -1022,7 +1023,7 @@ impl ProcessRun {
         let target: f64 = self.campaigns.iter().map(|(_, r)| r).sum();
         while t.elapsed() < limit {
             tokio::time::sleep(Duration::from_millis(250)).await;
-            self.top_up(SETTLING_AHEAD).await;
+            self.top_up(SETTLING_AHEAD, 2 * SETTLING_AHEAD).await;
             let now = unix_now();
             if now < since + SETTLED_SECONDS + 1 {
                 continue; // whole seconds after the call

@@ -489,21 +489,27 @@ pub fn spawn_logged(
 }
 
 /// More devices for each campaign of `plan` that has fewer than `ahead` of its seconds
-/// left unsent (`sent`: what the sink has seen of it), under a new run id so that tokens
-/// and job ids stay unique. Adds them to `plan`; `None` when none is short. Tests size
-/// their jobs by what they watch this way: how long the broker takes to settle varies
-/// from seconds to over a minute, and a watch must never see a campaign run dry.
+/// left unsent (`sent`: what the sink has seen of it), enough for `up_to` seconds, under
+/// a new run id so that tokens and job ids stay unique. Adds them to `plan`; `None` when
+/// none is short. Tests size their jobs by what they watch this way: how long the broker
+/// takes to settle varies from seconds to over a minute, and a watch must never see a
+/// campaign run dry.
 pub fn top_up_plan(
     plan: &mut pushpace::produce::ProducePlan,
-    ahead: std::time::Duration,
+    (ahead, up_to): (std::time::Duration, std::time::Duration),
     sent: impl Fn(&str) -> u64,
 ) -> Option<pushpace::produce::ProducePlan> {
     let mut more = plan.clone();
     more.run_id = format!("{}-more{}", plan.run_id, plan.total_devices());
     for (c, planned) in more.campaigns.iter_mut().zip(&mut plan.campaigns) {
         let left = (planned.devices as u64).saturating_sub(sent(&c.id));
-        let want = (c.send_rate.as_f64() * ahead.as_secs_f64()).ceil() as u64;
-        c.devices = want.saturating_sub(left) as usize;
+        let rate = c.send_rate.as_f64();
+        let (want, full) = (rate * ahead.as_secs_f64(), rate * up_to.as_secs_f64());
+        c.devices = if (left as f64) < want {
+            (full.ceil() as u64).saturating_sub(left) as usize
+        } else {
+            0
+        };
         planned.devices += c.devices;
     }
     more.campaigns.retain(|c| c.devices > 0);
