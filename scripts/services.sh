@@ -21,7 +21,6 @@ KAFKA_PORT=${PUSHPACE_KAFKA_PORT:-9092}
 KAFKA_URL="tcp://127.0.0.1:$KAFKA_PORT"
 RUN_DIR="$ROOT/target/services"
 TOPIC=${PUSHPACE_TOPIC:-pushpace.jobs}
-DLQ_TOPIC=${PUSHPACE_DLQ_TOPIC:-pushpace.dead-letters}
 SCHEMA=${TANSU_PG_SCHEMA:-$ROOT/../shared/tansu/postgres-schema-v$TANSU_VERSION.sql}
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -133,7 +132,6 @@ ensure_broker() {
     broker_answers || { log "tansu did not start; see target/services/tansu.log"; tail -20 "$RUN_DIR/tansu.log" >&2; exit 1; }
   fi
   create_topic "$TOPIC" 8
-  create_topic "$DLQ_TOPIC" 1
 }
 
 stop_all() {
