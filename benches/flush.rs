@@ -15,7 +15,8 @@
 //! `postgres://postgres@127.0.0.1:5432/pushpace_bench_flush` (created and migrated; its
 //! stats tables are emptied at start).
 //!
-//! Run: `cargo bench --bench flush`
+//! Run: `cargo bench --bench flush`; `cargo bench --bench flush -- known` runs only the
+//! flush of 1,000 active campaigns with 1,000 and with 100,000 known (issue 24).
 
 use criterion::{black_box, Criterion, Throughput};
 use pushpace::stats::CampaignCounter;
@@ -291,8 +292,84 @@ fn summary(s: &Setup) {
     );
 }
 
+/// `known` campaigns in the table, the first `active` of them active (`k-000001`…).
+fn seed_known(s: &Setup, known: usize, active: usize) {
+    s.rt.block_on(async {
+        sqlx::query("TRUNCATE campaigns CASCADE")
+            .execute(&s.pool)
+            .await
+            .expect("empty campaigns");
+        sqlx::query(
+            "INSERT INTO campaigns (id, send_rate, algorithm, status) \
+             SELECT 'k-' || lpad(g::text, 6, '0'), 100, 'gcra', \
+                    CASE WHEN g <= $2 THEN 'active' ELSE 'done' END \
+             FROM generate_series(1, $1::int8) g",
+        )
+        .bind(known as i64)
+        .bind(active as i64)
+        .execute(&s.pool)
+        .await
+        .expect("seed campaigns");
+        sqlx::query("ANALYZE campaigns")
+            .execute(&s.pool)
+            .await
+            .expect("analyze");
+    });
+}
+
+/// Milliseconds per flush of `active` campaigns' seconds (median of `flushes`), with
+/// `known` campaigns in the table.
+fn flush_with_known(s: &Setup, known: usize, active: usize, second: &mut u64) -> f64 {
+    const FLUSHES: usize = 40;
+    seed_known(s, known, active);
+    let recorder = StatsRecorder::new();
+    let flusher = Flusher::new(recorder.clone(), s.pool.clone(), FlusherConfig::default());
+    let counters: Vec<CampaignCounter> = (1..=active)
+        .map(|i| recorder.campaign(&format!("k-{i:06}")))
+        .collect();
+    let mut times = Vec::with_capacity(FLUSHES);
+    for n in 0..FLUSHES + 5 {
+        *second += 1;
+        for c in &counters {
+            c.record(*second, Outcome::Sent, 50);
+        }
+        let t0 = Instant::now();
+        s.rt.block_on(flusher.flush_now()).expect("flush");
+        if n >= 5 {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// Issue 24: the flush of 1,000 active campaigns with 1,000 known (the baseline) and
+/// with 100,000 known, and of 100 active among 100,000, alternating; median of 3 runs,
+/// each the median of 40 flushes.
+fn known_summary(s: &Setup) {
+    let mut second = BASE + 1_000_000;
+    let cases = [(1_000, 1_000), (100_000, 1_000), (100_000, 100)];
+    let mut runs: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for _ in 0..3 {
+        for (k, &(known, active)) in cases.iter().enumerate() {
+            runs[k].push(flush_with_known(s, known, active, &mut second));
+        }
+    }
+    for (runs, (known, active)) in runs.iter_mut().zip(cases) {
+        runs.sort_by(f64::total_cmp);
+        println!(
+            "flush known: {active} active of {known} known: {:.2} ms per flush (runs {runs:.2?})",
+            runs[1]
+        );
+    }
+}
+
 fn main() {
     let setup = setup();
+    if std::env::args().any(|a| a == "known") {
+        known_summary(&setup);
+        return;
+    }
     let mut c = Criterion::default().configure_from_args();
     record_bench(&mut c);
     flush_benches(&mut c, &setup);
