@@ -13,7 +13,11 @@
 
 mod apns;
 pub mod feed;
+mod report;
 mod showcase;
+
+use report::{progress_bar, verdict};
+pub use report::{summary_table, DemoRow};
 
 use crate::broker::EmbeddedBroker;
 use crate::config::Settings;
@@ -98,36 +102,6 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::SlidingWindow,
 ];
 
-/// The outcome, per campaign, as the sink counted it.
-#[derive(Debug, Clone)]
-pub struct DemoRow {
-    pub campaign: String,
-    pub algorithm: Algorithm,
-    pub target: f64,
-    /// Devices produced for the campaign.
-    pub devices: u64,
-    pub delivered_distinct: u64,
-    pub duplicates: u64,
-    pub mean_rate: f64,
-    pub max_1s: u64,
-    pub duration_s: f64,
-    /// Produced devices the embedded broker dropped before the worker read them.
-    pub dropped_by_broker: u64,
-    /// Produced devices not delivered when the demo stopped waiting for them.
-    pub unsent: u64,
-}
-
-impl DemoRow {
-    /// Produced devices that were neither delivered, nor dropped by the broker, nor
-    /// still unsent when the demo stopped waiting.
-    pub fn lost(&self) -> u64 {
-        self.devices
-            .saturating_sub(self.delivered_distinct)
-            .saturating_sub(self.dropped_by_broker)
-            .saturating_sub(self.unsent)
-    }
-}
-
 /// Runs the demo, printing progress to stdout. Returns the summary rows.
 pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
     let embedded;
@@ -163,27 +137,7 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     let token = ensure_admin_token(&mut settings);
     let sink = Sink::start(SinkConfig::default()).await?;
     println!("provider sink listening on {}", sink.url());
-    let mut sender_config = HttpSenderConfig::new(sink.url());
-    sender_config.timeout = Duration::from_millis(settings.sender.timeout_ms);
-    // As `pushpace run` builds the webhook of [sender]: with the adaptive ceiling. A
-    // second webhook to the same sink carries the demo's cap.
-    let webhook = |name: &str, max_rate| -> Result<crate::provider::Provider, DemoError> {
-        Ok(crate::provider::Provider {
-            name: std::sync::Arc::from(name),
-            kind: crate::provider::ProviderKind::Webhook,
-            max_rate,
-            max_in_flight: None,
-            adaptive: Some(crate::provider::ceiling::CeilingParams::default()),
-            sender: AnySender::Http(HttpSender::new(&sender_config)?),
-        })
-    };
-    let sender = crate::provider::Providers::new(
-        vec![
-            webhook("webhook", None)?,
-            webhook(CAPPED, Rate::per_second(CAPPED_RATE).ok())?,
-        ],
-        "webhook",
-    )?;
+    let sender = demo_providers(&settings, &sink)?;
 
     let run_id = format!("demo{}", chrono::Utc::now().format("%H%M%S"));
     let (plan, algorithms, scheduled) = plan_campaigns(&settings, &pool, args, &run_id).await?;
@@ -231,38 +185,44 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     }
     worker.shutdown().await?;
 
-    // librdkafka's watermark query blocks: off the runtime's worker for it.
-    let below = tokio::task::block_in_place(|| feeder.below_low_watermark()).unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "the broker's low watermarks could not be read");
-        Default::default()
-    });
-    let rows: Vec<DemoRow> = feeder
-        .campaigns()
-        .enumerate()
-        .zip(algorithms)
-        .map(|((ci, c), algorithm)| {
-            let s = sink.campaign(&c.id).unwrap_or_default();
-            let devices = feeder.produced(ci) as u64;
-            let missing = devices.saturating_sub(s.distinct_delivered);
-            let dropped = missing.min(below.get(&ci).copied().unwrap_or(0) as u64);
-            DemoRow {
-                campaign: c.id.clone(),
-                algorithm,
-                target: c.send_rate.as_f64(),
-                devices,
-                delivered_distinct: s.distinct_delivered,
-                duplicates: s.duplicates,
-                mean_rate: s.mean_rate,
-                max_1s: sink.max_in_window(&c.id, Duration::from_secs(1)),
-                duration_s: (s.last_ms - s.first_ms) / 1000.0,
-                dropped_by_broker: dropped,
-                unsent: if drained { 0 } else { missing - dropped },
-            }
-        })
-        .collect();
+    let rows = report::rows(&feeder, &sink, algorithms, drained);
     println!("\n{}", summary_table(&rows));
+    print_showcase(&sink, &plan, scheduled);
+    println!("{}", verdict(&rows, settings.kafka.is_embedded()));
+    Ok(rows)
+}
+
+/// The sink as two webhook providers, as `pushpace run` builds the webhook of
+/// [sender] (with the adaptive ceiling); the second carries the demo's cap.
+fn demo_providers(
+    settings: &Settings,
+    sink: &SinkHandle,
+) -> Result<crate::provider::Providers, DemoError> {
+    let mut sender_config = HttpSenderConfig::new(sink.url());
+    sender_config.timeout = Duration::from_millis(settings.sender.timeout_ms);
+    let webhook = |name: &str, max_rate| -> Result<crate::provider::Provider, DemoError> {
+        Ok(crate::provider::Provider {
+            name: std::sync::Arc::from(name),
+            kind: crate::provider::ProviderKind::Webhook,
+            max_rate,
+            max_in_flight: None,
+            adaptive: Some(crate::provider::ceiling::CeilingParams::default()),
+            sender: AnySender::Http(HttpSender::new(&sender_config)?),
+        })
+    };
+    Ok(crate::provider::Providers::new(
+        vec![
+            webhook("webhook", None)?,
+            webhook(CAPPED, Rate::per_second(CAPPED_RATE).ok())?,
+        ],
+        "webhook",
+    )?)
+}
+
+/// The closing lines on the scheduled campaign and the weighted pair.
+fn print_showcase(sink: &SinkHandle, plan: &ProducePlan, scheduled: Option<DateTime<Utc>>) {
     if let (Some(at), Some(last)) = (scheduled, plan.campaigns.last()) {
-        println!("{}", showcase::scheduled_line(&sink, &last.id, at));
+        println!("{}", showcase::scheduled_line(sink, &last.id, at));
     }
     if plan.campaigns.len() > WEIGHTED.1 {
         let (a, b) = (
@@ -272,11 +232,9 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
         let weights = (1.0, WEIGHTED_WEIGHT);
         println!(
             "{}",
-            showcase::weighted_line(&sink, (a, b), weights, CAPPED_RATE)
+            showcase::weighted_line(sink, (a, b), weights, CAPPED_RATE)
         );
     }
-    println!("{}", verdict(&rows, settings.kafka.is_embedded()));
-    Ok(rows)
 }
 
 /// The demo's controls need the admin token: when none is configured, one is drawn for
@@ -401,38 +359,6 @@ async fn drain(feeder: &Feeder, sink: &SinkHandle) -> bool {
     }
 }
 
-/// The last lines: what was lost, and whose doing it was.
-fn verdict(rows: &[DemoRow], embedded: bool) -> String {
-    let produced: u64 = rows.iter().map(|r| r.devices).sum();
-    let dropped: u64 = rows.iter().map(|r| r.dropped_by_broker).sum();
-    let unsent: u64 = rows.iter().map(|r| r.unsent).sum();
-    let lost: u64 = rows.iter().map(DemoRow::lost).sum();
-    let dups: u64 = rows.iter().map(|r| r.duplicates).sum();
-    let mut out = format!("{produced} devices produced: {lost} lost, {dups} duplicates");
-    if unsent > 0 {
-        let _ = write!(
-            out,
-            "\n{unsent} were still unsent when the demo stopped waiting: not lost, their \
-             offsets are uncommitted and a worker of this group would send them"
-        );
-    }
-    if dropped > 0 {
-        let broker = if embedded {
-            "the embedded broker (librdkafka's mock cluster, about 5 MB kept per partition)"
-        } else {
-            "the broker"
-        };
-        let _ = write!(
-            out,
-            "\nWARNING: {dropped} devices' jobs were dropped by {broker} before the worker \
-             could read them (below the partition's low watermark). That is the broker's \
-             retention, not pushpace losing jobs; run with --brokers HOST:PORT against a \
-             real broker to see every job delivered."
-        );
-    }
-    out
-}
-
 /// When the demo's scheduled campaign starts, after the run begins.
 const SCHEDULED_START_S: i64 = 30;
 /// Two campaigns at 100/s (the same place in the rates' cycle) that share a provider
@@ -496,71 +422,6 @@ async fn plan_campaigns(
     Ok((plan, algorithms, scheduled))
 }
 
-fn progress_bar(done: u64, total: u64, width: usize) -> String {
-    let filled = if total == 0 {
-        width
-    } else {
-        ((done as f64 / total as f64) * width as f64).round() as usize
-    };
-    format!(
-        "[{}{}]",
-        "█".repeat(filled.min(width)),
-        "·".repeat(width - filled.min(width))
-    )
-}
-
-/// The final table.
-pub fn summary_table(rows: &[DemoRow]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<24} {:<14} {:>8} {:>10} {:>8} {:>9} {:>8} {:>6} {:>10}",
-        "campaign",
-        "algorithm",
-        "target/s",
-        "achieved/s",
-        "max 1s",
-        "duration",
-        "devices",
-        "lost",
-        "duplicates"
-    );
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{:<24} {:<14} {:>8} {:>10.1} {:>8} {:>8.1}s {:>8} {:>6} {:>10}",
-            r.campaign,
-            r.algorithm.as_str(),
-            r.target,
-            r.mean_rate,
-            r.max_1s,
-            r.duration_s,
-            r.devices,
-            r.lost(),
-            r.duplicates
-        );
-    }
-    // A busy window above the target is the window algorithms' documented edge burst,
-    // not a pacing fault: say so rather than leave it to look like one.
-    let windowed = rows.iter().any(|r| {
-        matches!(
-            r.algorithm,
-            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog
-        ) && r.max_1s as f64 > r.target * 1.05
-    });
-    if windowed {
-        let _ = writeln!(
-            out,
-            "max 1s is the busiest sliding 1 s window at the provider. The window algorithms \
-             (fixed-window, sliding-window, sliding-log) count in their own windows and may \
-             let up to 2× the rate through across a window edge, by design \
-             (docs/ALGORITHMS.md); the smooth ones (gcra, leaky-bucket, governor) keep it \
-             at the rate."
-        );
-    }
-    out
-}
-
 /// The API and dashboard next to the demo's worker, on `http.bind`, or on a free
 /// loopback port when that one is taken.
 async fn start_api(
@@ -585,39 +446,5 @@ async fn start_api(
                 .ok()
                 .map(|a| a.spawn())
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(algorithm: Algorithm, max_1s: u64) -> DemoRow {
-        DemoRow {
-            campaign: format!("c-{}", algorithm.as_str()),
-            algorithm,
-            target: 2000.0,
-            devices: 10_000,
-            delivered_distinct: 10_000,
-            duplicates: 0,
-            mean_rate: 1999.0,
-            max_1s,
-            duration_s: 5.0,
-            dropped_by_broker: 0,
-            unsent: 0,
-        }
-    }
-
-    #[test]
-    fn the_table_explains_a_window_algorithms_edge_burst() {
-        let smooth = summary_table(&[row(Algorithm::Gcra, 2001)]);
-        assert!(!smooth.contains("by design"), "{smooth}");
-        let within = summary_table(&[row(Algorithm::SlidingWindow, 2050)]);
-        assert!(!within.contains("by design"), "{within}");
-        let burst = summary_table(&[
-            row(Algorithm::Gcra, 2001),
-            row(Algorithm::SlidingWindow, 3432),
-        ]);
-        assert!(burst.contains("up to 2× the rate"), "{burst}");
     }
 }
