@@ -17,9 +17,10 @@
 //!
 //! Exactness after recovery: a failed statement is rolled back, so writing the same
 //! rows again is correct. The one doubtful case is a connection lost while the statement
-//! commits: the server may have committed. Each batch therefore carries a marker
-//! `(flusher_id, seq)` inserted by the same statement as the counts; a retry of the same
-//! batch finds the marker and skips the counts (progress only moves forward, so it is
+//! commits: the server may have committed. Each batch therefore carries a sequence
+//! number, and the same statement as the counts moves the flusher's one marker row
+//! forward to it; a batch that cannot move it (a retry of a committed batch, or a late
+//! copy of an older one) skips the counts (progress only moves forward, so it is
 //! written again harmlessly). A batch's rows are frozen once tried, and rows drained
 //! during an outage wait in the next batch.
 

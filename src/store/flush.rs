@@ -58,19 +58,19 @@ pub async fn write(pool: &PgPool, rows: &FlushRows<'_>) -> Result<(), StoreError
     Ok(())
 }
 
-/// The whole flush in one statement: the batch marker (see the module docs; older
-/// markers of this flusher are dropped, a later batch being written), every
-/// campaign-second added into `delivery_seconds` unless the marker shows the batch was
-/// already committed, and every job's finished set united with the stored one (it only
-/// grows, so writing it twice is harmless). `done_after` arrives as bytes, first device
+/// The whole flush in one statement: the flusher's marker moved forward to this batch,
+/// every campaign-second added into `delivery_seconds` only if it moved (a batch at or
+/// below the marker was committed already: a retry after a lost COMMIT, or a late copy
+/// of one; the marker's row lock orders concurrent copies, and the loser re-reads it),
+/// and every job's finished set united with the stored one (it only grows, so writing
+/// it twice is harmless). `done_after` arrives as bytes, first device
 /// in the high bit, and is normalised by `job_progress_union` (see its migration).
 const FLUSH: &str = "\
 WITH marker AS (
-    INSERT INTO stats_flushes (flusher_id, seq) VALUES ($1, $2)
-    ON CONFLICT DO NOTHING
+    INSERT INTO stats_flushes AS f (flusher_id, seq) VALUES ($1, $2)
+    ON CONFLICT (flusher_id) DO UPDATE SET seq = EXCLUDED.seq, committed_at = now()
+        WHERE f.seq < EXCLUDED.seq
     RETURNING 1
-), cleanup AS (
-    DELETE FROM stats_flushes WHERE flusher_id = $1 AND seq < $2
 ), seconds AS (
     INSERT INTO delivery_seconds AS d
         (campaign_id, second, sent, failed, retried, skipped_invalid, capped, invalid, rejected,

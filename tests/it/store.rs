@@ -1040,3 +1040,42 @@ async fn a_flapping_network_loses_and_doubles_no_counts() {
     let stored: BTreeMap<u64, i64> = stored.into_iter().map(|(s, c)| (s, c[0])).collect();
     assert_eq!(stored, expected);
 }
+
+/// A late copy of a committed batch (sent on a connection that was lost, reaching the
+/// server after the retry committed and a later batch followed) adds nothing: the
+/// flusher's marker only moves forward. The whole-suite run that found this doubled one
+/// batch in `a_flapping_network_loses_and_doubles_no_counts`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_an_older_batch_adds_nothing() {
+    use pushpace::store::flush::{write, FlushRows};
+    let (pool, _) = fresh_database().await;
+    let second = chrono::DateTime::from_timestamp(BASE as i64, 0).unwrap();
+    let batch = |seq: i64| {
+        let mut counts: [Vec<i64>; pushpace::store::flush::COUNT_COLUMNS] = Default::default();
+        for (i, c) in counts.iter_mut().enumerate() {
+            c.push(i64::from(i == 0));
+        }
+        (seq, counts)
+    };
+    let flusher = unique_name("f");
+    for seq in [1, 2, 1, 2, 3, 1] {
+        let (seq, counts) = batch(seq);
+        let rows = FlushRows {
+            flusher_id: &flusher,
+            seq,
+            campaigns: &["late"],
+            seconds: &[second],
+            counts,
+            jobs: &[],
+            job_campaigns: &[],
+            partitions: &[],
+            offsets: &[],
+            totals: &[],
+            done: &[],
+            after: &[],
+        };
+        write(&pool, &rows).await.unwrap();
+    }
+    // Batches 1, 2 and 3 once each.
+    assert_eq!(stored_seconds(&pool, "late").await[&BASE][0], 3);
+}
