@@ -342,3 +342,70 @@ fn number_after<T: std::str::FromStr>(out: &str, before: &str, after: &str) -> T
         })
         .unwrap_or_else(|| panic!("no line with {before:?}…{after:?} in:\n{out}"))
 }
+
+/// Without `--duration` the demo keeps feeding and sending until Ctrl-C: still running
+/// past the point a sized run would have produced everything, its counts still rising;
+/// then SIGINT stops the feeding, what was produced is sent, and nothing is lost.
+#[test]
+fn the_open_ended_demo_runs_until_ctrl_c_and_loses_nothing() {
+    use std::io::BufRead;
+    let db = format!("{}/{}", pg_server(), unique_name("pushpace_demo_open"));
+    let mut child = pushpace_bin()
+        .args(["demo", "--campaigns", "1"])
+        .env("PUSHPACE__KAFKA__BROKERS", "embedded")
+        .env("PUSHPACE__DATABASE__URL", &db)
+        .env("PUSHPACE__HTTP__BIND", "127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the demo");
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut out = String::new();
+    let mut ticks = 0;
+    let end = std::time::Instant::now() + OPEN_DEMO_LIMIT;
+    // Ticks of a second each: past the 20 s of devices it sizes an open run's first
+    // jobs by, so feeding on is what keeps it sending.
+    while ticks < OPEN_DEMO_TICKS {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        let line = rx.recv_timeout(left).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("the demo stopped or stalled after {ticks} ticks:\n{out}")
+        });
+        ticks += usize::from(line.starts_with("t="));
+        out.push_str(&line);
+        out.push('\n');
+    }
+    assert!(out.contains("the campaigns run until Ctrl-C"), "{out}");
+    assert!(child.try_wait().unwrap().is_none(), "{out}");
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(status.success());
+    let status = child.wait().expect("the demo ends");
+    for line in rx.iter() {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    assert!(status.success(), "{status}\n{out}");
+    assert!(out.contains("Ctrl-C: no more jobs"), "{out}");
+    assert!(out.contains(": 0 lost, 0 duplicates"), "{out}");
+    assert!(!out.contains("still unsent"), "{out}");
+}
+
+/// One-second ticks the open-ended demo must print before the test stops it: more than
+/// the 20 s its first jobs are sized by.
+const OPEN_DEMO_TICKS: usize = 25;
+/// The embedded broker and the database start in seconds; the rest is the ticks.
+const OPEN_DEMO_LIMIT: std::time::Duration = std::time::Duration::from_secs(90);
