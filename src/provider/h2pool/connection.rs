@@ -6,7 +6,8 @@ use bytes::{Bytes, BytesMut};
 use h2::client::SendRequest;
 use h2::{Ping, PingPong, Reason};
 use http::Request;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::{oneshot, Semaphore};
@@ -31,17 +32,62 @@ struct Activity {
     answered: AtomicBool,
     /// Whether the connection became ready (its first PING answered).
     opened: AtomicBool,
-    /// Whether its early end was counted already (by a stream or the driver).
+    /// The driver (until the connection ends) and each stream in flight. The connection
+    /// is judged when the last lets go: its driver may see it close before the streams
+    /// whose answers came in the same read have run, and those answers count.
+    holders: AtomicUsize,
+    /// Why the connection ended, kept for the judgement (not touched per send).
+    end_reason: Mutex<Option<String>>,
+    /// Whether its early end was counted already.
     counted: AtomicBool,
 }
 
 impl Activity {
-    /// Forgets the connection; if it opened but never answered, the slot backs off.
-    fn ended(&self, pool: &H2Pool, slot: usize, generation: u64, reason: &str) {
-        pool.forget(slot, generation);
+    fn new(now_ms: u64) -> Activity {
+        Activity {
+            active_ms: AtomicU64::new(now_ms),
+            answered: AtomicBool::new(false),
+            opened: AtomicBool::new(false),
+            holders: AtomicUsize::new(1),
+            end_reason: Mutex::new(None),
+            counted: AtomicBool::new(false),
+        }
+    }
+
+    /// A stream starts: the connection is not judged before it ends.
+    fn hold(&self) {
+        self.holders.fetch_add(1, AcqRel);
+    }
+
+    /// The connection ended (or failed under a stream); the first reason is kept.
+    fn end(&self, reason: &str) {
+        self.end_reason
+            .lock()
+            .get_or_insert_with(|| reason.to_string());
+    }
+
+    /// A holder lets go. `Some(reason)` once, when the last one leaves a connection
+    /// that ended after opening without any answer: its slot should back off.
+    fn release(&self) -> Option<String> {
+        // AcqRel: the last holder sees every `answered` stored before the others let go.
+        if self.holders.fetch_sub(1, AcqRel) != 1 {
+            return None;
+        }
+        let reason = self.end_reason.lock().clone()?;
         let early = self.opened.load(Relaxed) && !self.answered.load(Relaxed);
-        if early && !self.counted.swap(true, Relaxed) {
-            pool.connection_failed(slot, reason);
+        (early && !self.counted.swap(true, Relaxed)).then_some(reason)
+    }
+}
+
+/// A stream's hold on its connection's judgement, let go however the exchange ends.
+struct Hold<'a>(&'a Conn);
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        if let Some(reason) = self.0.activity.release() {
+            if let Some(pool) = self.0.pool.upgrade() {
+                pool.connection_failed(self.0.slot, &reason);
+            }
         }
     }
 }
@@ -75,12 +121,7 @@ impl Conn {
             let ping = connection
                 .ping_pong()
                 .ok_or_else(|| "HTTP/2 PING unavailable".to_string())?;
-            let activity = Arc::new(Activity {
-                active_ms: AtomicU64::new(pool.now_ms()),
-                answered: AtomicBool::new(false),
-                opened: AtomicBool::new(false),
-                counted: AtomicBool::new(false),
-            });
+            let activity = Arc::new(Activity::new(pool.now_ms()));
             let (ready_tx, ready_rx) = oneshot::channel();
             let driver = Driver {
                 pool: Arc::downgrade(pool),
@@ -118,6 +159,8 @@ impl Conn {
             Some(gate) => gate.acquire().await.ok(),
             None => None,
         };
+        self.activity.hold();
+        let _hold = Hold(self);
         if let Some(pool) = self.pool.upgrade() {
             self.activity.active_ms.store(pool.now_ms(), Relaxed);
         }
@@ -159,11 +202,8 @@ impl Conn {
             self.forget();
         } else if !e.is_reset() {
             // An I/O or protocol error: no new streams on this connection.
-            if let Some(pool) = self.pool.upgrade() {
-                let reason = e.to_string();
-                self.activity
-                    .ended(&pool, self.slot, self.generation, &reason);
-            }
+            self.forget();
+            self.activity.end(&e.to_string());
         }
         if refused || above_goaway {
             Failure::NotProcessed(e.to_string())
@@ -231,10 +271,14 @@ impl Driver {
             },
             reason = self.keep_alive(&mut ping, ready) => reason,
         };
+        self.activity.end(&ended);
+        let early = self.activity.release();
         if let Some(pool) = self.pool.upgrade() {
             tracing::debug!(pool = %pool.config.name, reason = %ended, "provider connection ended");
-            self.activity
-                .ended(&pool, self.slot, self.generation, &ended);
+            pool.forget(self.slot, self.generation);
+            if let Some(reason) = early {
+                pool.connection_failed(self.slot, &reason);
+            }
         }
     }
 
@@ -283,5 +327,59 @@ impl Driver {
             Ok(Err(e)) => Err(format!("PING failed: {e}")),
             Err(_) => Err(format!("PING unanswered for {} ms", limit.as_millis())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Activity;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn opened() -> Activity {
+        let activity = Activity::new(0);
+        activity.opened.store(true, Relaxed);
+        activity
+    }
+
+    #[test]
+    fn a_close_seen_before_the_streams_read_their_answers_is_no_failure() {
+        let activity = opened();
+        activity.hold();
+        activity.hold();
+        // The driver sees the clean close first; the answers are not read yet.
+        activity.end("closed");
+        assert_eq!(activity.release(), None);
+        activity.answered.store(true, Relaxed);
+        assert_eq!(activity.release(), None);
+        assert_eq!(activity.release(), None);
+    }
+
+    #[test]
+    fn a_connection_that_ends_unanswered_backs_off_once() {
+        let activity = opened();
+        activity.hold();
+        activity.end("closed");
+        assert_eq!(activity.release(), None, "a stream still holds it");
+        assert_eq!(activity.release().as_deref(), Some("closed"));
+        // A late send finds it closed: judged again, counted no more.
+        activity.hold();
+        assert_eq!(activity.release(), None);
+    }
+
+    #[test]
+    fn a_stream_failure_is_judged_when_the_driver_ends_too() {
+        let activity = opened();
+        activity.hold();
+        activity.end("broken pipe");
+        assert_eq!(activity.release(), None);
+        activity.end("closed");
+        assert_eq!(activity.release().as_deref(), Some("broken pipe"));
+    }
+
+    #[test]
+    fn a_connection_that_never_opened_is_the_connect_attempts_failure() {
+        let activity = Activity::new(0);
+        activity.end("closed");
+        assert_eq!(activity.release(), None);
     }
 }
