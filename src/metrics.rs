@@ -203,6 +203,7 @@ pub fn spawn_sampler(
 pub fn render(
     handle: Option<&PrometheusHandle>,
     worker: Option<(&SchedulerStats, &ConsumerStats)>,
+    per_campaign: bool,
 ) -> String {
     if let Some((s, c)) = worker {
         sample(s, c);
@@ -211,7 +212,9 @@ pub fn render(
     if !out.is_empty() && !out.ends_with('\n') {
         out.push('\n');
     }
-    render_sends(&mut out, worker.map(|(s, _)| s));
+    if per_campaign {
+        render_sends(&mut out, worker.map(|(s, _)| s));
+    }
     out
 }
 

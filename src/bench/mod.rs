@@ -399,7 +399,9 @@ impl Ctx {
             curve_path: self
                 .out_dir
                 .join(format!("{}-{phase}-sends.csv", self.run_id)),
-            metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+            // The bench samples every 20 ms: without the per-campaign series, so that the
+            // sampling does not cost the worker more with more campaigns.
+            metrics_url: format!("http://127.0.0.1:{port}/metrics?per_campaign=false"),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .build()?,

@@ -1,8 +1,8 @@
 //! Where campaign limiters come from: [`LocalLimiters`] builds in-process ones; the
 //! distributed mode plugs in a factory whose limiters share a rate across workers.
 
+use super::LimiterScope;
 use super::{Algorithm, DynLimiter, Rate};
-use crate::config::LimiterScope;
 
 /// Builds each campaign's own limiter. The default builds in-process limiters; the
 /// distributed mode plugs in a factory whose limiters share a rate across workers.

@@ -206,11 +206,23 @@ impl Backlog {
     /// Whether a campaign whose latest job came from `partition` is running low with
     /// nothing parked: reading that partition on is how it gets its next job.
     pub fn starving_in(&self, partition: i32) -> bool {
-        self.campaigns.values().any(|c| {
-            c.partition == Some(partition)
-                && c.parked.is_empty()
+        self.starving_partitions().contains(&partition)
+    }
+
+    /// The partitions [`starving_in`](Self::starving_in) holds for, in one pass over the
+    /// campaigns: asking per partition costs partitions × campaigns at every consumer step.
+    pub fn starving_partitions(&self) -> Vec<i32> {
+        let mut out = Vec::new();
+        for c in self.campaigns.values() {
+            let Some(p) = c.partition else { continue };
+            if c.parked.is_empty()
+                && !out.contains(&p)
                 && c.remaining() < self.lookahead_devices(c.rate)
-        })
+            {
+                out.push(p);
+            }
+        }
+        out
     }
 
     /// When parked messages fill `max_bytes` and one campaign holds half of them or more

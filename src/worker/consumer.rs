@@ -394,9 +394,10 @@ impl Loop {
                 s.load.entry(*p).or_default();
             }
             let bytes = s.backlog.parked_bytes();
+            let starving_in = s.backlog.starving_partitions();
             for (p, l) in s.load.iter_mut() {
                 let parked = s.backlog.parked_in(*p);
-                let starving = s.backlog.starving_in(*p);
+                let starving = starving_in.contains(p);
                 let too_many = parked >= share;
                 // A zero budget keeps nothing in memory: only offsets, no memory pause.
                 let memory_full = max_bytes > 0 && bytes >= max_bytes && !starving;

@@ -1263,6 +1263,17 @@ async fn metrics_parse_and_count_the_sends_of_a_real_worker() {
     );
     assert!(value("buffered_jobs") >= 1.0);
     assert_eq!(value("paused_partitions"), 0.0);
+    // The lean scrape (the bench's, every 20 ms) leaves out only the per-campaign family.
+    let lean = app.get("/metrics?per_campaign=false").await;
+    assert_eq!(lean.status, 200);
+    let (lean_types, lean_samples) = parse_exposition(&lean.text);
+    assert!(sends(&samples, &a, "sent").is_some(), "A is held");
+    assert!(lean_samples.iter().all(|s| s.name != "sends_total"));
+    assert!(!lean_types.contains_key("sends_total"));
+    assert!(lean_samples
+        .iter()
+        .any(|s| s.name == "delivered_total" && s.labels.is_empty()));
+    assert_eq!(app.get("/metrics?per_campaign=maybe").await.status, 400);
     assert_eq!(value("retries_total"), 0.0, "the null sender never fails");
     assert!(value("limiter_wait_seconds_count") > 0.0);
     assert!(value("stats_flush_seconds_count") > 0.0);

@@ -36,6 +36,8 @@ pub async fn fresh_database() -> (PgPool, String) {
 
 /// A migrated database of its own on `server` (a URL without the database part).
 pub async fn fresh_database_on(server: &str) -> (PgPool, String) {
+    static SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    SWEPT.get_or_init(drop_finished_runs_databases).await;
     let url = format!("{server}/{}", unique_name("pushpace_test"));
     pushpace::store::ensure_database(&url)
         .await
@@ -47,6 +49,46 @@ pub async fn fresh_database_on(server: &str) -> (PgPool, String) {
         .await
         .expect("migrate test database");
     (pool, url)
+}
+
+/// Drops the test databases of test processes that are gone (the pid in the name of
+/// [`unique_name`]), once per process: a test cannot drop its own at its end (a failed
+/// one unwinds), so each run clears the last one's and the server holds at most one
+/// run's worth. A process that is still running keeps its databases.
+async fn drop_finished_runs_databases() {
+    use sqlx::{ConnectOptions, Connection};
+    let Ok(options) =
+        format!("{}/postgres", pg_server()).parse::<sqlx::postgres::PgConnectOptions>()
+    else {
+        return;
+    };
+    let Ok(mut conn) = options.connect().await else {
+        return;
+    };
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'pushpace\\_test\\_%'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap_or_default();
+    let mut dropped = 0;
+    for name in names {
+        let pid = name.split('_').nth(2).and_then(|p| p.parse::<u32>().ok());
+        let alive = pid.is_none_or(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        if alive {
+            continue;
+        }
+        // DROP DATABASE takes no bind parameter; the name is the pattern's own.
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        let sql = format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)");
+        if sqlx::query(&sql).execute(&mut conn).await.is_ok() {
+            dropped += 1;
+        }
+    }
+    if dropped > 0 {
+        eprintln!("dropped {dropped} databases of finished test runs");
+    }
+    let _ = conn.close().await;
 }
 
 /// The `pushpace` binary that cargo built for these tests.

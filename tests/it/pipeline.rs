@@ -381,7 +381,11 @@ async fn paced_provider_trouble_loses_nothing_and_keeps_the_rate() {
     )
     .await;
     let id = run.plan.campaigns[0].id.clone();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The trouble starts once the campaign sends (the group's join takes a while).
+    wait_for("100 sends before the trouble", GROUP_JOIN_LIMIT, || {
+        run.sink.campaign(&id).is_some_and(|s| s.delivered >= 100)
+    })
+    .await;
     run.sink.set_behaviour(Behaviour::TooManyRequests {
         retry_after: Some(RetryAfter::Seconds(1)),
     });
@@ -430,7 +434,11 @@ async fn paced_slow_and_reset_provider_loses_nothing_and_keeps_the_rate() {
     )
     .await;
     let id = run.plan.campaigns[0].id.clone();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The trouble starts once the campaign sends (the group's join takes a while).
+    wait_for("100 sends before the trouble", GROUP_JOIN_LIMIT, || {
+        run.sink.campaign(&id).is_some_and(|s| s.delivered >= 100)
+    })
+    .await;
     run.sink.set_behaviour(Behaviour::Slow { delay_ms: 1000 });
     tokio::time::sleep(Duration::from_secs(2)).await;
     run.sink.set_behaviour(Behaviour::Reset);

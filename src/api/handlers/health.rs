@@ -177,13 +177,30 @@ async fn check_migrations(state: &AppState) -> Check {
     }
 }
 
-pub async fn metrics(State(state): State<AppState>) -> Response {
+/// `GET /metrics[?per_campaign=false]`.
+#[derive(Debug, serde::Deserialize)]
+pub struct MetricsQuery {
+    /// `false` leaves out the per-campaign series (`sends_total`): for a scraper that
+    /// polls often, or a Prometheus that should not hold a series per campaign.
+    #[serde(default = "yes")]
+    per_campaign: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+pub async fn metrics(
+    State(state): State<AppState>,
+    axum::extract::Query(query): axum::extract::Query<MetricsQuery>,
+) -> Response {
     let stats = state
         .worker()
         .map(|w| (w.scheduler.borrow().clone(), w.consumer.borrow().clone()));
     let body = crate::metrics::render(
         state.inner.metrics.as_ref(),
         stats.as_ref().map(|(s, c)| (s, c)),
+        query.per_campaign,
     );
     (
         [(

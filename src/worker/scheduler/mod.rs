@@ -29,9 +29,9 @@
 //! retries; `driver` the async loop and the clock.
 
 use crate::capping::{CapDecision, FrequencyCap};
-use crate::config::LimiterScope;
 use crate::job::Job;
 use crate::limiter::hierarchical::HierarchicalLimiter;
+use crate::limiter::LimiterScope;
 use crate::limiter::{
     Algorithm, Clock, DynLimiter, Grant, Nanos, Rate, RateLimiter, NANOS_PER_SEC,
 };
