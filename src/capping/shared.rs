@@ -46,12 +46,13 @@
 
 use super::{CapConfig, CapError};
 use crate::hygiene::token_hash;
+use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
 use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -265,7 +266,7 @@ impl SharedCap {
 
     /// Whether a connection has been made (it reconnects by itself afterwards).
     pub fn is_connected(&self) -> bool {
-        crate::limiter::lock(&self.inner.conn).is_some()
+        self.inner.conn.lock().is_some()
     }
 
     pub fn stats(&self) -> SharedCapStats {
@@ -360,7 +361,7 @@ impl SharedCap {
     pub fn release(&self, campaign_id: &str, job_id: &str, device: u32, token: &str) {
         let entry = (device_key(token), member(campaign_id, job_id, device));
         {
-            let mut q = crate::limiter::lock(&self.inner.releases);
+            let mut q = self.inner.releases.lock();
             if q.len() >= MAX_QUEUED_RELEASES {
                 q.remove(0);
             }
@@ -378,7 +379,7 @@ impl SharedCap {
 
 impl Inner {
     fn connection(&self) -> Option<ConnectionManager> {
-        crate::limiter::lock(&self.conn).clone()
+        self.conn.lock().clone()
     }
 
     /// One script call, bounded by the timeout.
@@ -404,7 +405,7 @@ impl Inner {
     }
 
     async fn flush_releases(&self) -> Result<u64, CapError> {
-        let batch = std::mem::take(&mut *crate::limiter::lock(&self.releases));
+        let batch = std::mem::take(&mut *self.releases.lock());
         let mut removed = 0;
         for (n, chunk) in batch.chunks(CHUNK).enumerate() {
             let mut call = RELEASE.prepare_invoke();
@@ -416,7 +417,7 @@ impl Inner {
                 Ok(r) => removed += r,
                 Err(e) => {
                     // Put the unsent ones back in front of any queued since.
-                    let mut q = crate::limiter::lock(&self.releases);
+                    let mut q = self.releases.lock();
                     let mut rest = batch[n * CHUNK..].to_vec();
                     rest.append(&mut q);
                     let over = rest.len().saturating_sub(MAX_QUEUED_RELEASES);
@@ -449,7 +450,7 @@ async fn release_loop(inner: Weak<Inner>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let Some(i) = inner.upgrade() else { return };
-        if crate::limiter::lock(&i.releases).is_empty() {
+        if i.releases.lock().is_empty() {
             // `notify_one` keeps a permit, so a release queued since the check is not
             // missed; the timeout notices the cap being dropped.
             let _ = tokio::time::timeout(Duration::from_secs(1), i.release_wanted.notified()).await;
@@ -480,7 +481,7 @@ async fn connect(inner: Weak<Inner>, client: redis::Client) {
         inner,
         client,
         |i| i.config.timeout,
-        |i, conn| *crate::limiter::lock(&i.conn) = Some(conn),
+        |i, conn| *i.conn.lock() = Some(conn),
         |i, error, timeout| match error {
             Some(e) => i.outage(&CapError::Redis(e)),
             None => i.outage(&CapError::Timeout(timeout)),

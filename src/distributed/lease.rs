@@ -44,13 +44,12 @@ mod refill;
 mod state;
 
 use super::Inner;
-use crate::limiter::{
-    lock, to_fp, Algorithm, Decision, DynLimiter, Grant, Nanos, Rate, RateLimiter,
-};
+use crate::limiter::{to_fp, Algorithm, Decision, DynLimiter, Grant, Nanos, Rate, RateLimiter};
+use parking_lot::Mutex;
 use refill::refill;
 use state::{Lease, State};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -171,7 +170,7 @@ impl LeasedLimiter {
 
     /// Permits leased and not yet used or void at `now`.
     pub fn leased_permits(&self, now: Nanos) -> u64 {
-        let mut s = *lock(&self.shared.state);
+        let mut s = *self.shared.state.lock();
         if self.shared.own.is_some() {
             s.expire(now);
             return s.leases[..s.len].iter().map(Lease::left).sum();
@@ -195,7 +194,7 @@ impl LeasedLimiter {
 
     /// Whether Redis has granted a lease that is still held.
     pub fn holds_lease(&self) -> bool {
-        lock(&self.shared.state).len > 0
+        self.shared.state.lock().len > 0
     }
 }
 
@@ -222,7 +221,7 @@ impl RateLimiter for LeasedLimiter {
             return self.shared.fallback.try_acquire_n(n, now);
         }
         self.shared.last_demand.store(now, Relaxed);
-        let mut s = lock(&self.shared.state);
+        let mut s = self.shared.state.lock();
         let decision = match &self.shared.own {
             Some(own) => s.try_shaped(n, now, own.as_ref()),
             None => {
@@ -251,7 +250,7 @@ impl RateLimiter for LeasedLimiter {
         if max > 0 {
             self.shared.last_demand.store(now, Relaxed);
         }
-        let mut s = lock(&self.shared.state);
+        let mut s = self.shared.state.lock();
         let g = match &self.shared.own {
             Some(own) => s.take_shaped(max, now, own.as_ref()),
             None => s.take(max, now),
@@ -266,7 +265,7 @@ impl RateLimiter for LeasedLimiter {
 
     fn set_rate(&self, rate: Rate, now: Nanos) {
         // Slots leased at the old spacing stay valid: at most a slice or two of them.
-        let mut s = lock(&self.shared.state);
+        let mut s = self.shared.state.lock();
         s.rate = rate;
         if let Some(own) = &self.shared.own {
             own.set_rate(rate, now);
@@ -278,7 +277,7 @@ impl RateLimiter for LeasedLimiter {
     }
 
     fn rate(&self) -> Rate {
-        lock(&self.shared.state).rate
+        self.shared.state.lock().rate
     }
 
     /// [`CATCH_UP`] while slots are spent at their own times; shaped leases follow the

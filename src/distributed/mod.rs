@@ -34,10 +34,11 @@ pub use scope::ScopedLimiters;
 use crate::config::Settings;
 use crate::limiter::factory::LimiterFactory;
 use crate::limiter::{Algorithm, Clock, DynLimiter, Rate};
+use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use secrecy::{ExposeSecret, SecretString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// `redis.algorithm`: how the shared limit is kept in Redis.
@@ -172,7 +173,7 @@ impl RedisLimiterFactory {
 
     /// Whether a connection to Redis has been made (it reconnects by itself afterwards).
     pub fn is_connected(&self) -> bool {
-        crate::limiter::lock(&self.inner.conn).is_some()
+        self.inner.conn.lock().is_some()
     }
 
     /// Follows the consumer group's live members, for [`Self::workers`]; see
@@ -212,7 +213,7 @@ impl LimiterFactory for RedisLimiterFactory {
 
 impl Inner {
     fn connection(&self) -> Option<ConnectionManager> {
-        crate::limiter::lock(&self.conn).clone()
+        self.conn.lock().clone()
     }
 
     /// One lease script call, bounded by the connect timeout.
@@ -279,7 +280,7 @@ async fn connect(inner: Weak<Inner>, client: redis::Client) {
         client,
         |i| i.config.connect_timeout,
         |i, conn| {
-            *crate::limiter::lock(&i.conn) = Some(conn);
+            *i.conn.lock() = Some(conn);
             i.recovered();
         },
         |i, error, timeout| match error {

@@ -16,9 +16,9 @@
 //! A batch larger than `limit` passes into an empty window, and its excess is carried as
 //! debt into the following windows, so the long-run rate holds.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
-use super::{lock, window_for, Decision, Grant, Nanos, Rate, RateLimiter};
+use super::{window_for, Decision, Grant, Nanos, Rate, RateLimiter};
 
 #[derive(Debug)]
 struct State {
@@ -81,7 +81,7 @@ impl FixedWindow {
 impl RateLimiter for FixedWindow {
     fn try_acquire_n(&self, n: u32, now: Nanos) -> Decision {
         let n = u64::from(n);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.roll(now);
         let fits = if n <= st.limit {
             st.count + n <= st.limit
@@ -97,7 +97,7 @@ impl RateLimiter for FixedWindow {
     }
 
     fn acquire_up_to(&self, max: u32, now: Nanos) -> Grant {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.roll(now);
         let granted = st.limit.saturating_sub(st.count).min(u64::from(max)) as u32;
         st.count += u64::from(granted);
@@ -110,7 +110,7 @@ impl RateLimiter for FixedWindow {
     /// limiter is never blocked for longer than one new window.
     fn set_rate(&self, rate: Rate, now: Nanos) {
         let w = window_for(rate, self.burst);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.roll(now);
         let scaled = (u128::from(st.count) * u128::from(w.limit)).div_ceil(u128::from(st.limit));
         st.count = u64::try_from(scaled).unwrap_or(u64::MAX).min(w.limit);
@@ -121,7 +121,7 @@ impl RateLimiter for FixedWindow {
     }
 
     fn rate(&self) -> Rate {
-        lock(&self.state).rate
+        self.state.lock().rate
     }
 
     fn name(&self) -> &'static str {

@@ -30,10 +30,11 @@
 //! wait again. Under a saturated global cap, campaigns get its slots first come, first
 //! served; sharing them fairly is the scheduler's job (it visits campaigns in turn).
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use super::{
-    build, ceil_ns, lock, to_fp, Algorithm, Decision, DynLimiter, Gcra, Nanos, Rate, RateLimiter,
+    build, ceil_ns, to_fp, Algorithm, Decision, DynLimiter, Gcra, Nanos, Rate, RateLimiter,
 };
 
 /// The global cap that campaigns are created under. Cheap to clone (one `Arc`).
@@ -155,13 +156,13 @@ impl RateLimiter for CampaignLimiter {
         if n == 0 {
             return Decision::Allow;
         }
-        let mut b = lock(&self.bucket);
+        let mut b = self.bucket.lock();
         b.refill(now, self.burst);
         self.acquire_locked(&mut b, n, now)
     }
 
     fn acquire_up_to(&self, max: u32, now: Nanos) -> super::Grant {
-        let mut b = lock(&self.bucket);
+        let mut b = self.bucket.lock();
         b.refill(now, self.burst);
         let mut granted = 0;
         while granted < max {
@@ -184,7 +185,7 @@ impl RateLimiter for CampaignLimiter {
     /// Changes the campaign's own rate; the bucket keeps its permits, rescaled to the new
     /// interval and capped at the burst.
     fn set_rate(&self, rate: Rate, now: Nanos) {
-        let mut b = lock(&self.bucket);
+        let mut b = self.bucket.lock();
         b.refill(now, self.burst);
         self.own.set_rate(rate, now);
         let new_t = rate.interval_fp();

@@ -17,9 +17,9 @@
 //! the bucket is empty and overflows it; the overflow leaks away before anything else
 //! passes, so the long-run rate holds.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
-use super::{ceil_ns, lock, mul_div, to_fp, Decision, Grant, Nanos, Rate, RateLimiter};
+use super::{ceil_ns, mul_div, to_fp, Decision, Grant, Nanos, Rate, RateLimiter};
 
 #[derive(Debug)]
 struct State {
@@ -73,7 +73,7 @@ impl LeakyBucket {
 
 impl RateLimiter for LeakyBucket {
     fn try_acquire_n(&self, n: u32, now: Nanos) -> Decision {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.leak(now);
         let room = st.room(n, self.burst);
         if st.water <= room {
@@ -87,7 +87,7 @@ impl RateLimiter for LeakyBucket {
     }
 
     fn acquire_up_to(&self, max: u32, now: Nanos) -> Grant {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.leak(now);
         let t = st.interval;
         let capacity = t.saturating_mul(self.burst + 1);
@@ -108,7 +108,7 @@ impl RateLimiter for LeakyBucket {
     /// caps it at the new capacity, so that the next permit is at most one new interval
     /// away.
     fn set_rate(&self, rate: Rate, now: Nanos) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.leak(now);
         let new_t = rate.interval_fp();
         let capacity = new_t.saturating_mul(self.burst + 1);
@@ -118,7 +118,7 @@ impl RateLimiter for LeakyBucket {
     }
 
     fn rate(&self) -> Rate {
-        lock(&self.state).rate
+        self.state.lock().rate
     }
 
     fn name(&self) -> &'static str {

@@ -250,13 +250,6 @@ pub(crate) fn ceil_ns(fp: u64) -> Nanos {
     (fp >> FP_SHIFT) + u64::from(fp & (FP_ONE - 1) != 0)
 }
 
-/// Locks a limiter's own mutex. A panic while holding it cannot leave the state
-/// half-updated (every update is a few plain assignments), so poisoning is ignored.
-#[inline(always)]
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// `a × b / c` without overflow, saturating at `u64::MAX`; `c` of 0 is treated as 1.
 #[inline]
 pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u64 {

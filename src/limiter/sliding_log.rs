@@ -17,10 +17,10 @@
 //! A batch larger than `limit` passes into an empty log; a log cannot hold debt, so such
 //! a batch exceeds the window bound by `n − limit`.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::Mutex;
 
-use super::{lock, window_for, Decision, Grant, Nanos, Rate, RateLimiter};
+use super::{window_for, Decision, Grant, Nanos, Rate, RateLimiter};
 
 #[derive(Debug)]
 struct State {
@@ -102,7 +102,7 @@ impl SlidingLog {
 impl RateLimiter for SlidingLog {
     fn try_acquire_n(&self, n: u32, now: Nanos) -> Decision {
         let n = u64::from(n);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.expire(now);
         let fits = if n <= st.limit {
             st.total + n <= st.limit
@@ -120,7 +120,7 @@ impl RateLimiter for SlidingLog {
     }
 
     fn acquire_up_to(&self, max: u32, now: Nanos) -> Grant {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.expire(now);
         let granted = st.limit.saturating_sub(st.total).min(u64::from(max));
         if granted > 0 {
@@ -139,7 +139,7 @@ impl RateLimiter for SlidingLog {
     /// window.
     fn set_rate(&self, rate: Rate, now: Nanos) {
         let w = window_for(rate, self.burst);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let shorter_by = st.length.saturating_sub(w.length);
         if shorter_by > 0 {
             for (at, _) in st.log.iter_mut() {
@@ -153,7 +153,7 @@ impl RateLimiter for SlidingLog {
     }
 
     fn rate(&self) -> Rate {
-        lock(&self.state).rate
+        self.state.lock().rate
     }
 
     fn name(&self) -> &'static str {

@@ -21,9 +21,9 @@
 //! A batch larger than `limit` passes when both counters are empty; the next window then
 //! weighs it as `prev`, which pays back part of the excess.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
-use super::{lock, window_for, Decision, Grant, Nanos, Rate, RateLimiter};
+use super::{window_for, Decision, Grant, Nanos, Rate, RateLimiter};
 
 #[derive(Debug)]
 struct State {
@@ -120,7 +120,7 @@ impl SlidingWindow {
 impl RateLimiter for SlidingWindow {
     fn try_acquire_n(&self, n: u32, now: Nanos) -> Decision {
         let n = u64::from(n);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.roll(now);
         if n > st.limit {
             if st.prev == 0 && st.cur == 0 {
@@ -139,7 +139,7 @@ impl RateLimiter for SlidingWindow {
     }
 
     fn acquire_up_to(&self, max: u32, now: Nanos) -> Grant {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.roll(now);
         let granted = st.room(now).min(u64::from(max));
         st.cur += granted;
@@ -154,7 +154,7 @@ impl RateLimiter for SlidingWindow {
     /// the limiter for only one new interval (`W' / limit'`).
     fn set_rate(&self, rate: Rate, now: Nanos) {
         let w = window_for(rate, self.burst);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.roll(now);
         let old_w = u128::from(st.length);
         let left = old_w - u128::from(now.saturating_sub(st.start).min(st.length));
@@ -171,7 +171,7 @@ impl RateLimiter for SlidingWindow {
     }
 
     fn rate(&self) -> Rate {
-        lock(&self.state).rate
+        self.state.lock().rate
     }
 
     fn name(&self) -> &'static str {

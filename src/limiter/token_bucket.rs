@@ -14,9 +14,9 @@
 //! at most `ceil(rate × w) + burst`. A batch larger than the capacity waits for a full
 //! bucket, takes it, and leaves the bucket in debt (negative), so the long-run rate holds.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
-use super::{ceil_ns, lock, to_fp, Decision, Grant, Nanos, Rate, RateLimiter};
+use super::{ceil_ns, to_fp, Decision, Grant, Nanos, Rate, RateLimiter};
 
 #[derive(Debug)]
 struct State {
@@ -81,7 +81,7 @@ impl TokenBucket {
 
 impl RateLimiter for TokenBucket {
     fn try_acquire_n(&self, n: u32, now: Nanos) -> Decision {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.refill(now, self.burst);
         let needed = st.needed(n, self.burst);
         if st.tokens >= needed {
@@ -93,7 +93,7 @@ impl RateLimiter for TokenBucket {
     }
 
     fn acquire_up_to(&self, max: u32, now: Nanos) -> Grant {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.refill(now, self.burst);
         let t = i128::from(st.interval);
         let whole = if st.tokens > 0 { st.tokens / t } else { 0 };
@@ -107,7 +107,7 @@ impl RateLimiter for TokenBucket {
     /// new capacity, and forgives debt beyond one new interval, so that a lower rate never
     /// stalls the bucket for longer than that.
     fn set_rate(&self, rate: Rate, now: Nanos) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.refill(now, self.burst);
         let new_t = rate.interval_fp();
         let old_t = st.interval.max(1);
@@ -119,7 +119,7 @@ impl RateLimiter for TokenBucket {
     }
 
     fn rate(&self) -> Rate {
-        lock(&self.state).rate
+        self.state.lock().rate
     }
 
     fn name(&self) -> &'static str {

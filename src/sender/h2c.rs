@@ -23,8 +23,9 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, USER_AGENT as USER_AGENT_HEADER};
 use http::{HeaderValue, Method, Request, Uri};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// Connections per sender. Two let a provider (or the loopback sink) serve them on two
@@ -79,7 +80,7 @@ impl H2cPool {
     pub(super) fn open_connections(&self) -> usize {
         self.slots
             .iter()
-            .filter(|s| crate::limiter::lock(&s.live).is_some())
+            .filter(|s| s.live.lock().is_some())
             .count()
     }
 
@@ -163,16 +164,16 @@ impl H2cPool {
             return Ok(live);
         }
         let (generation, handle) = self.connect(slot).await?;
-        *crate::limiter::lock(&self.slots[slot].live) = Some((generation, handle.clone()));
+        *self.slots[slot].live.lock() = Some((generation, handle.clone()));
         Ok((generation, handle))
     }
 
     fn live(&self, slot: usize) -> Option<(u64, SendRequest<Bytes>)> {
-        crate::limiter::lock(&self.slots[slot].live).clone()
+        self.slots[slot].live.lock().clone()
     }
 
     fn forget(&self, slot: usize, generation: u64) {
-        let mut live = crate::limiter::lock(&self.slots[slot].live);
+        let mut live = self.slots[slot].live.lock();
         if live.as_ref().is_some_and(|(g, _)| *g == generation) {
             *live = None;
         }

@@ -21,10 +21,11 @@ pub use snapshot::CampaignSnapshot;
 use super::campaigns::{self, Campaign};
 use super::StoreError;
 use chrono::{DateTime, Utc};
+use parking_lot::Mutex;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
@@ -155,7 +156,7 @@ impl CampaignWatcher {
 
     /// What has been read so far.
     pub fn stats(&self) -> WatcherStats {
-        *lock(&self.stats)
+        *self.stats.lock()
     }
 }
 
@@ -163,12 +164,6 @@ impl Drop for CampaignWatcher {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-fn lock(stats: &Mutex<WatcherStats>) -> std::sync::MutexGuard<'_, WatcherStats> {
-    stats
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 async fn server_now(pool: &PgPool) -> Result<DateTime<Utc>, StoreError> {
@@ -225,7 +220,7 @@ impl Publisher {
         self.recovered();
         self.since = read_at - REREAD_OVERLAP;
         self.last_full = Instant::now();
-        lock(&self.stats).full_reads += 1;
+        self.stats.lock().full_reads += 1;
         metrics::counter!("campaign_watcher_rows_read_total", "read" => "all")
             .increment(fresh.len() as u64);
         let current = self.snapshot.borrow().clone();
@@ -256,7 +251,7 @@ impl Publisher {
         self.since = read_at - REREAD_OVERLAP;
         let rows = fresh.len() as u64;
         {
-            let mut stats = lock(&self.stats);
+            let mut stats = self.stats.lock();
             stats.refreshes += 1;
             stats.refreshed_rows += rows;
             stats.last_refresh_rows = rows;
@@ -271,7 +266,7 @@ impl Publisher {
             Err(e) => return self.failed(e),
         };
         self.recovered();
-        lock(&self.stats).notified_reads += 1;
+        self.stats.lock().notified_reads += 1;
         metrics::counter!("campaign_watcher_rows_read_total", "read" => "notified")
             .increment(fresh.len() as u64);
         let found: HashSet<&str> = fresh.iter().map(|c| c.id.as_str()).collect();

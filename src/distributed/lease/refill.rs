@@ -3,7 +3,7 @@
 
 use super::{share, Shared, PROBE_EVERY};
 use crate::distributed::{Inner, LeaseAnswer};
-use crate::limiter::{lock, Rate, NANOS_PER_SEC};
+use crate::limiter::{Rate, NANOS_PER_SEC};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +16,7 @@ pub(super) async fn refill(shared: Arc<Shared>, inner: Arc<Inner>) {
     loop {
         let now = inner.clock.now();
         let (len, rate, burst) = {
-            let s = lock(&shared.state);
+            let s = shared.state.lock();
             (s.len, s.rate, s.burst)
         };
         let fallback = shared.fallback_on.load(Relaxed);
@@ -48,11 +48,14 @@ pub(super) async fn refill(shared: Arc<Shared>, inner: Arc<Inner>) {
                         // slots land that much late, never early.
                         let at = inner.clock.now();
                         let start = at.saturating_add_signed(offset_micros.saturating_mul(1000));
-                        lock(&shared.state).push_grant(permits, start, at, rate.interval_fp());
+                        shared
+                            .state
+                            .lock()
+                            .push_grant(permits, start, at, rate.interval_fp());
                     }
                     LeaseAnswer::Wait(d) => {
                         let d = d.min(slice);
-                        lock(&shared.state).hint =
+                        shared.state.lock().hint =
                             now + u64::try_from(d.as_nanos()).unwrap_or(NANOS_PER_SEC);
                         tokio::time::sleep(d).await;
                     }
@@ -88,7 +91,7 @@ fn fall_back(shared: &Shared, inner: &Inner, fallback_rate: Rate) {
         shared.fallback.set_rate(fallback_rate, inner.clock.now());
     }
     if !shared.fallback_on.load(Relaxed) {
-        let mut s = lock(&shared.state);
+        let mut s = shared.state.lock();
         s.len = 0;
         drop(s);
         shared.fallback_on.store(true, Relaxed);
