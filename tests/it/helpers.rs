@@ -56,39 +56,39 @@ pub async fn fresh_database_on(server: &str) -> (PgPool, String) {
 /// one unwinds), so each run clears the last one's and the server holds at most one
 /// run's worth. A process that is still running keeps its databases.
 async fn drop_finished_runs_databases() {
-    use sqlx::{ConnectOptions, Connection};
-    let Ok(options) =
-        format!("{}/postgres", pg_server()).parse::<sqlx::postgres::PgConnectOptions>()
+    let url = format!("{}/postgres", pg_server());
+    let Ok(admin) = pushpace::store::connect(&url, 1, std::time::Duration::from_secs(10)).await
     else {
-        return;
-    };
-    let Ok(mut conn) = options.connect().await else {
         return;
     };
     let names: Vec<String> = sqlx::query_scalar(
         "SELECT datname FROM pg_database WHERE datname LIKE 'pushpace\\_test\\_%'",
     )
-    .fetch_all(&mut conn)
+    .fetch_all(&admin)
     .await
     .unwrap_or_default();
     let mut dropped = 0;
     for name in names {
         let pid = name.split('_').nth(2).and_then(|p| p.parse::<u32>().ok());
         let alive = pid.is_none_or(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
-        if alive {
-            continue;
-        }
-        // DROP DATABASE takes no bind parameter; the name is the pattern's own.
-        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
-        let sql = format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)");
-        if sqlx::query(&sql).execute(&mut conn).await.is_ok() {
+        if !alive && drop_database_named(&admin, &name).await.is_ok() {
             dropped += 1;
         }
     }
     if dropped > 0 {
         eprintln!("dropped {dropped} databases of finished test runs");
     }
-    let _ = conn.close().await;
+    admin.close().await;
+}
+
+/// `DROP DATABASE IF EXISTS … WITH (FORCE)` through `admin` (a pool on another database).
+pub async fn drop_database_named(admin: &PgPool, name: &str) -> Result<(), sqlx::Error> {
+    // DROP DATABASE takes no bind parameter; quote the identifier instead.
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"))
+        .execute(admin)
+        .await
+        .map(|_| ())
 }
 
 /// The `pushpace` binary that cargo built for these tests.

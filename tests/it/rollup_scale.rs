@@ -3,7 +3,7 @@
 //! in batches next to a flush. The figures print with `--nocapture`
 //! (docs/BENCHMARKS.md, "Issue 24").
 
-use crate::helpers::{fresh_database, pacing_lock, pg_server};
+use crate::helpers::{drop_database_named, fresh_database, pacing_lock, pg_server};
 use crate::rollup::{flush, stored};
 use chrono::{DateTime, Duration, Utc};
 use pushpace::store::delivery;
@@ -99,12 +99,7 @@ pub async fn drop_database(pool: PgPool, url: &str) {
     )
     .await
     .unwrap();
-    // DROP DATABASE takes no bind parameter; the name is the helper's own.
-    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    drop_database_named(&admin, name).await.unwrap();
     admin.close().await;
 }
 

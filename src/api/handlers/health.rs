@@ -182,12 +182,7 @@ async fn check_migrations(state: &AppState) -> Check {
 pub struct MetricsQuery {
     /// `false` leaves out the per-campaign series (`sends_total`): for a scraper that
     /// polls often, or a Prometheus that should not hold a series per campaign.
-    #[serde(default = "yes")]
-    per_campaign: bool,
-}
-
-fn yes() -> bool {
-    true
+    per_campaign: Option<bool>,
 }
 
 pub async fn metrics(
@@ -200,7 +195,7 @@ pub async fn metrics(
     let body = crate::metrics::render(
         state.inner.metrics.as_ref(),
         stats.as_ref().map(|(s, c)| (s, c)),
-        query.per_campaign,
+        query.per_campaign.unwrap_or(true),
     );
     (
         [(

@@ -82,6 +82,13 @@ impl Activity {
 /// A stream's hold on its connection's judgement, let go however the exchange ends.
 struct Hold<'a>(&'a Conn);
 
+impl<'a> Hold<'a> {
+    fn new(conn: &'a Conn) -> Self {
+        conn.activity.hold();
+        Hold(conn)
+    }
+}
+
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
         if let Some(reason) = self.0.activity.release() {
@@ -159,8 +166,7 @@ impl Conn {
             Some(gate) => gate.acquire().await.ok(),
             None => None,
         };
-        self.activity.hold();
-        let _hold = Hold(self);
+        let _hold = Hold::new(self);
         if let Some(pool) = self.pool.upgrade() {
             self.activity.active_ms.store(pool.now_ms(), Relaxed);
         }
