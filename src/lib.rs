@@ -19,11 +19,6 @@
 //! Around them:
 //! - [`config`]: layered settings (config/base.toml, config/<env>.toml, `PUSHPACE__*`, flags).
 //! - [`telemetry`]: tracing subscriber set-up.
-//! - [`simulate`]: the virtual-clock experiment behind `pushpace simulate`.
-//! - [`produce`]: the load generator behind `pushpace produce`.
-//! - [`demo`]: `pushpace demo`, the whole pipeline with an embedded broker and sink.
-//! - [`sink`]: a loopback HTTP sink standing in for the push provider.
-//! - [`mock`]: loopback APNs, FCM and Web Push servers over TLS, as strict as the real ones.
 //! - [`worker`]: the daemon: consumer → scheduler → sender → stats, and its shutdown.
 //! - [`distributed`]: `limiter.scope = "redis"`: campaign rates shared by several workers
 //!   through Redis leases, with a local fallback.
@@ -31,30 +26,26 @@
 //! - [`api`]: the operator HTTP API and the live dashboard (axum).
 //! - [`metrics`]: the Prometheus recorder, the snapshot sampler and `sends_total`.
 //! - [`startup`]: builds and runs the HTTP application on `http.bind`.
-//! - [`cli_client`]: the `campaign` and `stats` commands, clients of the API.
-//! - [`bench`]: `pushpace bench`, the end-to-end benchmark harness.
+//!
+//! Tooling, which the worker never calls: [`tools`] (the sink, the provider mocks, the
+//! load generator, the demo, the simulator, the benchmark harness and the CLI's API
+//! client).
 
 pub mod api;
-pub mod bench;
 pub mod broker;
 pub mod capping;
-pub mod cli_client;
 pub mod config;
-pub mod demo;
 pub mod distributed;
 pub mod hygiene;
 pub mod job;
 pub mod limiter;
 pub mod metrics;
-pub mod mock;
-pub mod produce;
 pub mod provider;
 pub mod sender;
 pub mod shutdown;
-pub mod simulate;
-pub mod sink;
 pub mod startup;
 pub mod stats;
 pub mod store;
 pub mod telemetry;
+pub mod tools;
 pub mod worker;

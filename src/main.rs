@@ -72,15 +72,15 @@ enum Command {
     /// Create the database if missing and apply migrations/.
     Migrate,
     /// A self-contained demonstration (embedded broker, loopback provider sink).
-    Demo(pushpace::demo::DemoArgs),
+    Demo(pushpace::tools::demo::DemoArgs),
     /// Reproduce the rate-limiter experiment on a virtual clock.
-    Simulate(pushpace::simulate::SimulateArgs),
+    Simulate(pushpace::tools::simulate::SimulateArgs),
     /// Write load-test jobs to the jobs topic.
     Produce(ProduceArgs),
     /// Inspect and steer campaigns through the HTTP API.
-    Campaign(pushpace::cli_client::CampaignArgs),
+    Campaign(pushpace::tools::cli_client::CampaignArgs),
     /// Per-second delivery statistics (through the API), and `stats prune` for retention.
-    Stats(pushpace::cli_client::StatsArgs),
+    Stats(pushpace::tools::cli_client::StatsArgs),
     /// Print the effective settings (secrets hidden).
     Config,
     /// A loopback stand-in for the push provider, for load tests and the reliability
@@ -92,10 +92,10 @@ enum Command {
     Providers(ProvidersCommand),
     /// The end-to-end benchmark: a plain consumer against the worker (null and HTTP
     /// senders), peak RSS behind a slow campaign, and pacing at scale; prints a table.
-    Bench(pushpace::bench::BenchArgs),
+    Bench(pushpace::tools::bench::BenchArgs),
     /// A loopback APNs, FCM or Web Push mock over TLS, as its own process; writes the
     /// CA, credentials and `[providers.*]` settings to --dir.
-    Mock(pushpace::bench::mockcmd::MockArgs),
+    Mock(pushpace::tools::bench::mockcmd::MockArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -153,7 +153,7 @@ fn main() -> std::process::ExitCode {
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Simulate(args) => {
-            let out = pushpace::simulate::run(&args)?;
+            let out = pushpace::tools::simulate::run(&args)?;
             print!("{out}");
             Ok(())
         }
@@ -185,41 +185,41 @@ async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Run => run(settings).await,
         Command::Demo(args) => {
             let settings = demo_settings(settings);
-            pushpace::demo::run(settings, &args).await?;
+            pushpace::tools::demo::run(settings, &args).await?;
             Ok(())
         }
         Command::Produce(args) => produce(&settings, &args).await,
         Command::Sink(args) if args.count_only => {
             let summary =
-                pushpace::sink::serve_counting_until(args.bind, wait_for_signal()).await?;
+                pushpace::tools::sink::serve_counting_until(args.bind, wait_for_signal()).await?;
             println!("{}", serde_json::to_string_pretty(&summary)?);
             Ok(())
         }
         Command::Bench(args) => {
-            pushpace::bench::run(&settings, &args).await?;
+            pushpace::tools::bench::run(&settings, &args).await?;
             Ok(())
         }
-        Command::Mock(args) => Ok(pushpace::bench::mockcmd::run(&args).await?),
+        Command::Mock(args) => Ok(pushpace::tools::bench::mockcmd::run(&args).await?),
         Command::Sink(args) => {
-            let config = pushpace::sink::SinkConfig {
+            let config = pushpace::tools::sink::SinkConfig {
                 bind: args.bind,
                 ..Default::default()
             };
-            let summary = pushpace::sink::serve_until(config, wait_for_signal()).await?;
+            let summary = pushpace::tools::sink::serve_until(config, wait_for_signal()).await?;
             println!("{}", serde_json::to_string_pretty(&summary)?);
             Ok(())
         }
         Command::Campaign(args) => {
             print!(
                 "{}",
-                pushpace::cli_client::run_campaign(&args, &settings).await?
+                pushpace::tools::cli_client::run_campaign(&args, &settings).await?
             );
             Ok(())
         }
         Command::Stats(args) => {
             print!(
                 "{}",
-                pushpace::cli_client::run_stats(&args, &settings).await?
+                pushpace::tools::cli_client::run_stats(&args, &settings).await?
             );
             Ok(())
         }
@@ -355,7 +355,7 @@ async fn produce(settings: &Settings, args: &ProduceArgs) -> anyhow::Result<()> 
         "--jobs-size must be 1–{}",
         pushpace::job::MAX_DEVICES
     );
-    let mut plan = pushpace::produce::ProducePlan::uniform(
+    let mut plan = pushpace::tools::produce::ProducePlan::uniform(
         &args.prefix,
         args.campaigns,
         args.devices_per_campaign,
@@ -382,7 +382,7 @@ async fn produce(settings: &Settings, args: &ProduceArgs) -> anyhow::Result<()> 
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let jobs =
-        pushpace::produce::produce(&settings.kafka.brokers, &settings.kafka.topic, &plan, |d| {
+        pushpace::tools::produce::produce(&settings.kafka.brokers, &settings.kafka.topic, &plan, |d| {
             bar.inc(d as u64)
         })
         .await?;

@@ -54,7 +54,7 @@ mod tests {
     #[test]
     fn extra_ca_must_hold_a_certificate() {
         assert!(client_config(Some(b"not a pem")).is_err());
-        let ca = crate::mock::tls::TestCa::new();
+        let ca = crate::tools::mock::tls::TestCa::new();
         assert!(client_config(Some(ca.ca_pem().as_bytes())).is_ok());
     }
 }

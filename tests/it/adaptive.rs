@@ -10,11 +10,11 @@ use crate::helpers::{
     brokers, fresh_database, fresh_topic, pacing_lock, sink_worker_settings, unique_name, wait_for,
 };
 use pushpace::limiter::Algorithm;
-use pushpace::produce::ProducePlan;
+use pushpace::tools::produce::ProducePlan;
 use pushpace::provider::ceiling::CeilingParams;
 use pushpace::provider::{Provider, ProviderKind, Providers};
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::sink::{Arrival, Behaviour, RetryAfter, Sink, SinkConfig, SinkHandle};
+use pushpace::tools::sink::{Arrival, Behaviour, RetryAfter, Sink, SinkConfig, SinkHandle};
 use pushpace::worker::scheduler::{CampaignLive, ProviderLive};
 use pushpace::worker::Worker;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ async fn start(campaigns: &[(f64, usize)], behaviour: Behaviour, params: Ceiling
     .unwrap();
     let plan =
         ProducePlan::with_rates(&unique_name("ad"), campaigns, 500, Some(Algorithm::Gcra)).unwrap();
-    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .expect("produce");
     let settings = sink_worker_settings(
@@ -108,7 +108,7 @@ impl Run {
         let sink = &self.sink;
         let sent = |id: &str| sink.campaign(id).map_or(0, |c| c.distinct_delivered);
         if let Some(more) = crate::helpers::top_up_plan(&mut self.plan, (ahead, ahead), sent) {
-            pushpace::produce::produce(&brokers(), &self.topic, &more, |_| {})
+            pushpace::tools::produce::produce(&brokers(), &self.topic, &more, |_| {})
                 .await
                 .expect("produce");
         }

@@ -9,7 +9,7 @@ use crate::helpers::{
 use chrono::{DateTime, Duration as ChronoDuration, TimeZone, Utc};
 use pushpace::api::WorkerView;
 use pushpace::limiter::Algorithm;
-use pushpace::produce::ProducePlan;
+use pushpace::tools::produce::ProducePlan;
 use pushpace::startup::{AppDeps, Application, RunningApplication};
 use pushpace::store::{DeadLetter, DeadLetterKind};
 use pushpace::worker::Worker;
@@ -173,7 +173,7 @@ pub async fn spawn_worker_app(campaigns: &[(f64, usize)]) -> WorkerApp {
     let topic = fresh_topic(2).await;
     let run_id = unique_name("api");
     let plan = ProducePlan::with_rates(&run_id, campaigns, 250, Some(Algorithm::Gcra)).unwrap();
-    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .expect("produce");
     let extra = [

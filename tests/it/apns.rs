@@ -3,8 +3,8 @@
 //! marked tokens and switches ask for.
 
 use pushpace::job::{Job, Priority, PushOptions, PushType};
-use pushpace::mock::apns::{ApnsMock, MockApnsConfig};
-use pushpace::mock::tls::TestCa;
+use pushpace::tools::mock::apns::{ApnsMock, MockApnsConfig};
+use pushpace::tools::mock::tls::TestCa;
 use pushpace::provider::apns::jwt::{unix_now, Clock, TokenSigner};
 use pushpace::provider::apns::{check, ApnsSender};
 use pushpace::provider::settings::{ApnsEnvironment, ApnsSpec, CommonSpec};

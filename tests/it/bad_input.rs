@@ -7,7 +7,7 @@
 //! for 30 s in the middle: the worker stays in its group and loses nothing.
 
 use crate::helpers::{brokers, fresh_topic, pushpace_bin, unique_name, wait_for, OwnPostgres};
-use pushpace::sink::{Sink, SinkConfig, SinkHandle};
+use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
 use pushpace::worker::message::raw_headers;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};

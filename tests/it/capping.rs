@@ -8,7 +8,7 @@ use crate::helpers::{
 use pushpace::capping::shared::{member, SharedCap, SharedCapConfig};
 use pushpace::capping::CapConfig;
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::sink::{Sink, SinkConfig, SinkHandle};
+use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
 use pushpace::worker::Worker;
 use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};

@@ -12,8 +12,8 @@ use pushpace::distributed::{
 use pushpace::limiter::{
     Algorithm, Clock, MonotonicClock, Nanos, Rate, RateLimiter, NANOS_PER_SEC,
 };
-use pushpace::produce::ProducePlan;
-use pushpace::sink::{Sink, SinkConfig};
+use pushpace::tools::produce::ProducePlan;
+use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::worker::scheduler::acquire_catching_up;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::sync::{Arc, Mutex};
@@ -616,7 +616,7 @@ async fn paced_a_campaign_moved_to_redis_scope_and_back_rebuilds_its_limiter_at_
         Some(Algorithm::Gcra),
     )
     .unwrap();
-    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .unwrap();
     let prefix = unique_name("pp");
@@ -834,7 +834,7 @@ impl Drop for Children {
 
 /// The sink's counts for the whole unix seconds within the next `span`.
 async fn whole_seconds(
-    sink: &pushpace::sink::SinkHandle,
+    sink: &pushpace::tools::sink::SinkHandle,
     campaign: &str,
     span: Duration,
 ) -> Vec<u64> {
@@ -857,7 +857,7 @@ async fn whole_seconds(
 /// `pushpace run` workers in one group, scope redis, on a fresh 6-partition topic whose
 /// jobs are spread round-robin, sending to a sink of the test's own.
 struct ProcessRun {
-    sink: pushpace::sink::SinkHandle,
+    sink: pushpace::tools::sink::SinkHandle,
     campaigns: Vec<(String, f64)>,
     total: u64,
     /// What was produced, for [`ProcessRun::settle`]'s top-ups (each adds to it).
@@ -1109,7 +1109,7 @@ impl ProcessRun {
     async fn finish_checked(self, from: f64, to: f64) {
         let id = self.campaigns[0].0.clone();
         let seconds = self.sink.per_second(&id);
-        let watched: Vec<&pushpace::sink::SecondCount> = seconds
+        let watched: Vec<&pushpace::tools::sink::SecondCount> = seconds
             .iter()
             .filter(|s| {
                 (s.unix_second as f64) >= from.ceil() && (s.unix_second as f64) < to.floor()

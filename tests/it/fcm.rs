@@ -4,8 +4,8 @@
 //! token, and `providers check`.
 
 use pushpace::job::{Job, Priority};
-use pushpace::mock::fcm::{FcmMock, FcmMockConfig};
-use pushpace::mock::tls::TestCa;
+use pushpace::tools::mock::fcm::{FcmMock, FcmMockConfig};
+use pushpace::tools::mock::tls::TestCa;
 use pushpace::provider::fcm::{check, FcmSender};
 use pushpace::provider::settings::{CommonSpec, FcmSpec};
 use pushpace::sender::{HaltScope, SendOutcome, Sender};
@@ -148,7 +148,7 @@ async fn each_error_maps_to_its_class() {
     );
     assert_eq!(mock.sends(), devices.len() as u64);
     // A forced error applies to every token.
-    mock.force_error(Some(pushpace::mock::fcm::FcmError::Unregistered));
+    mock.force_error(Some(pushpace::tools::mock::fcm::FcmError::Unregistered));
     let ok = job(&["fine-1"], PAYLOAD);
     assert!(matches!(
         sender.send(&ok, 0).await,

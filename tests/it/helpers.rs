@@ -360,7 +360,7 @@ impl Drop for Proxy {
 }
 
 /// How many requests for `token` reached the sink.
-pub fn requests_for(sink: &pushpace::sink::SinkHandle, token: &str) -> usize {
+pub fn requests_for(sink: &pushpace::tools::sink::SinkHandle, token: &str) -> usize {
     sink.arrivals()
         .iter()
         .filter(|a| a.device_token == token)
@@ -537,10 +537,10 @@ pub fn spawn_logged(
 /// takes to settle varies from seconds to over a minute, and a watch must never see a
 /// campaign run dry.
 pub fn top_up_plan(
-    plan: &mut pushpace::produce::ProducePlan,
+    plan: &mut pushpace::tools::produce::ProducePlan,
     (ahead, up_to): (std::time::Duration, std::time::Duration),
     sent: impl Fn(&str) -> u64,
-) -> Option<pushpace::produce::ProducePlan> {
+) -> Option<pushpace::tools::produce::ProducePlan> {
     let mut more = plan.clone();
     more.run_id = format!("{}-more{}", plan.run_id, plan.total_devices());
     for (c, planned) in more.campaigns.iter_mut().zip(&mut plan.campaigns) {

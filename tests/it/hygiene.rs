@@ -9,7 +9,7 @@ use pushpace::capping::{CapConfig, CapDecision, FrequencyCap};
 use pushpace::hygiene::{bloom_key, token_hash, BloomFilter};
 use pushpace::limiter::{Clock, ManualClock, Nanos};
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::sink::{Sink, SinkConfig, SinkHandle};
+use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
 use pushpace::worker::Worker;
 use sqlx::PgPool;
 use std::collections::HashMap;

@@ -6,9 +6,9 @@ use crate::helpers::{
 };
 use pushpace::job::{Job, Lifecycle};
 use pushpace::limiter::Algorithm;
-use pushpace::produce::ProducePlan;
+use pushpace::tools::produce::ProducePlan;
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::sink::{Sink, SinkConfig};
+use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch, CampaignStatus};
 use pushpace::worker::Worker;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -46,7 +46,7 @@ async fn paced_weights_share_a_binding_cap_in_proportion() {
             .await
             .unwrap();
     }
-    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .expect("produce");
     let settings = sink_worker_settings(

@@ -14,7 +14,7 @@ use pushpace::limiter::{
     build, window_for, Algorithm, Clock, Decision, DynLimiter, Gcra, HierarchicalLimiter,
     ManualClock, MonotonicClock, Nanos, Rate, RateLimiter, FP_ONE, NANOS_PER_SEC,
 };
-use pushpace::simulate::{self, AlgorithmChoice, Format, SimulateArgs, Stall};
+use pushpace::tools::simulate::{self, AlgorithmChoice, Format, SimulateArgs, Stall};
 
 const SEC: Nanos = NANOS_PER_SEC;
 

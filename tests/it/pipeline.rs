@@ -5,9 +5,9 @@ use crate::helpers::{
     brokers, fresh_database, fresh_topic, pacing_lock, test_settings, unique_name, wait_for,
 };
 use pushpace::limiter::{Algorithm, Rate};
-use pushpace::produce::{PlannedCampaign, ProducePlan};
+use pushpace::tools::produce::{PlannedCampaign, ProducePlan};
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::sink::{Sink, SinkConfig, SinkHandle};
+use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
 use pushpace::worker::Worker;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ async fn start(
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
     let run_id = unique_name("r");
     let plan = ProducePlan::with_rates(&run_id.clone(), campaigns, 250, algorithm).unwrap();
-    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .expect("produce");
     let mut overrides = vec![
@@ -371,7 +371,7 @@ async fn bad_messages_are_dead_lettered_and_valid_jobs_around_them_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_provider_trouble_loses_nothing_and_keeps_the_rate() {
-    use pushpace::sink::{Behaviour, RetryAfter};
+    use pushpace::tools::sink::{Behaviour, RetryAfter};
     let _serial = pacing_lock().await;
     let rate = 200.0;
     let mut run = start(
@@ -421,7 +421,7 @@ async fn paced_provider_trouble_loses_nothing_and_keeps_the_rate() {
 /// gave up is a duplicate at the sink, never a second count).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_slow_and_reset_provider_loses_nothing_and_keeps_the_rate() {
-    use pushpace::sink::Behaviour;
+    use pushpace::tools::sink::Behaviour;
     let _serial = pacing_lock().await;
     let rate = 200.0;
     let mut run = start(
@@ -476,7 +476,7 @@ async fn paced_slow_and_reset_provider_loses_nothing_and_keeps_the_rate() {
 /// dead-lettered with a reason that says so, and counted as failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_failing_past_its_give_up_budget_is_dead_lettered_with_the_reason() {
-    use pushpace::sink::Behaviour;
+    use pushpace::tools::sink::Behaviour;
     let mut run = start(
         &[(100.0, 5)],
         Some(Algorithm::Gcra),
@@ -849,7 +849,7 @@ async fn sigterm_mid_run_then_restart_loses_nothing() {
         algorithm: Some(Algorithm::Gcra),
         run_id,
     };
-    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .unwrap();
     let group = unique_name("g");

@@ -4,8 +4,8 @@
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use pushpace::mock::h2server::{BoxResponse, FnHandler, Knobs, MockServer, StreamInfo};
-use pushpace::mock::tls::TestCa;
+use pushpace::tools::mock::h2server::{BoxResponse, FnHandler, Knobs, MockServer, StreamInfo};
+use pushpace::tools::mock::tls::TestCa;
 use pushpace::provider::h2pool::{H2Pool, PoolConfig, TransportError};
 use pushpace::provider::tls::client_config;
 use std::sync::Arc;

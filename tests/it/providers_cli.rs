@@ -4,8 +4,8 @@
 //! command prints a key.
 
 use crate::helpers::pushpace_bin;
-use pushpace::mock::apns::{ApnsMock, MockApnsConfig};
-use pushpace::mock::tls::TestCa;
+use pushpace::tools::mock::apns::{ApnsMock, MockApnsConfig};
+use pushpace::tools::mock::tls::TestCa;
 use std::path::Path;
 
 const TEAM: &str = "TEAM123456";

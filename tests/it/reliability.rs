@@ -7,8 +7,8 @@ use crate::helpers::{
     spawn_worker_process, unique_name, wait_for, worker_log, Proxy, TansuBroker,
 };
 use pushpace::limiter::Algorithm;
-use pushpace::produce::ProducePlan;
-use pushpace::sink::{Sink, SinkConfig, SinkHandle};
+use pushpace::tools::produce::ProducePlan;
+use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
 use std::time::{Duration, Instant};
 
 fn plan(campaigns: &[(f64, usize)]) -> ProducePlan {
@@ -36,7 +36,7 @@ async fn kill_9_and_restart_loses_nothing_and_bounds_duplicates() {
     let rate = 1000.0;
     let plan = plan(&[(rate, 6000), (rate / 2.0, 3000)]);
     let total = plan.total_devices() as u64;
-    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .unwrap();
     let group = unique_name("g");
@@ -106,7 +106,7 @@ async fn a_broker_restart_mid_run_loses_nothing() {
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
     let plan = plan(&[(500.0, 3000)]);
     let total = plan.total_devices() as u64;
-    pushpace::produce::produce(&bootstrap, &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&bootstrap, &topic, &plan, |_| {})
         .await
         .unwrap();
     let group = unique_name("g");
@@ -166,7 +166,7 @@ async fn a_database_outage_pauses_sending_and_the_totals_are_exact_after() {
     .unwrap();
     let id = plan.campaigns[0].id.clone();
     let total = plan.total_devices() as u64;
-    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .unwrap();
     // A small in-memory bound so that the outage exhausts it within seconds.
@@ -240,7 +240,7 @@ async fn a_second_worker_joins_then_the_first_leaves_and_nothing_is_lost() {
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
     let plan = plan(&[(400.0, 3000), (400.0, 3000)]);
     let total = plan.total_devices() as u64;
-    pushpace::produce::produce(&brokers(), &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
         .await
         .unwrap();
     let group = unique_name("g");

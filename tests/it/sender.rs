@@ -7,7 +7,7 @@ use pushpace::provider::ceiling::Signal;
 use pushpace::sender::{
     AnySender, Http1Client, HttpSender, HttpSenderConfig, NullSender, SendOutcome, Sender,
 };
-use pushpace::sink::{
+use pushpace::tools::sink::{
     Behaviour, BehaviourChange, RetryAfter, Sink, SinkConfig, SinkHandle, SinkSummary,
 };
 use serde_json::value::RawValue;
@@ -644,7 +644,7 @@ async fn serve_until_runs_until_told_to_stop() {
         bind: ([127, 0, 0, 1], port).into(),
         ..SinkConfig::default()
     };
-    let server = tokio::spawn(pushpace::sink::serve_until(config, async {
+    let server = tokio::spawn(pushpace::tools::sink::serve_until(config, async {
         let _ = stop_rx.await;
     }));
     let sender = HttpSender::new(&HttpSenderConfig::new(format!(

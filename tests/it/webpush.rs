@@ -1,11 +1,11 @@
 //! Web Push over real TLS and HTTP/2 against the loopback push service
-//! (`pushpace::mock::webpush`): the mock decrypts each message with the subscription's
+//! (`pushpace::tools::mock::webpush`): the mock decrypts each message with the subscription's
 //! own keys, so these tests compare what a browser would read with what the job held.
 
 use p256::pkcs8::{EncodePrivateKey, LineEnding};
 use pushpace::job::{Job, Priority, PushOptions};
-use pushpace::mock::tls::TestCa;
-use pushpace::mock::webpush::WebPushMock;
+use pushpace::tools::mock::tls::TestCa;
+use pushpace::tools::mock::webpush::WebPushMock;
 use pushpace::provider::settings::{CommonSpec, WebPushSpec};
 use pushpace::provider::webpush::vapid::VapidSigner;
 use pushpace::provider::webpush::{self, WebPushSender, DEFAULT_TTL_S};

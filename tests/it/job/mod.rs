@@ -14,7 +14,7 @@ use pushpace::job::{
 };
 use pushpace::limiter::{Algorithm, Rate};
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::sink::{Sink, SinkConfig};
+use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::store::DeadLetterKind;
 use pushpace::worker::Worker;
 use serde_json::json;

@@ -2,8 +2,8 @@
 //! and its resume, and GOAWAYs mid-campaign.
 
 use super::{campaign, job, wait_until, Env, DB_WRITE, GROUP_JOIN};
-use pushpace::mock::apns::{ApnsMock, MockApnsConfig};
-use pushpace::mock::tls::TestCa;
+use pushpace::tools::mock::apns::{ApnsMock, MockApnsConfig};
+use pushpace::tools::mock::tls::TestCa;
 use pushpace::provider::apns::ApnsSender;
 use pushpace::provider::settings::{ApnsEnvironment, ApnsSpec, CommonSpec};
 use pushpace::provider::ProviderKind;

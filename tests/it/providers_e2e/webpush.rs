@@ -3,8 +3,8 @@
 
 use super::{campaign, wait_until, Env, DB_WRITE, GROUP_JOIN};
 use p256::pkcs8::{EncodePrivateKey, LineEnding};
-use pushpace::mock::tls::TestCa;
-use pushpace::mock::webpush::WebPushMock;
+use pushpace::tools::mock::tls::TestCa;
+use pushpace::tools::mock::webpush::WebPushMock;
 use pushpace::provider::settings::{CommonSpec, WebPushSpec};
 use pushpace::provider::webpush::{vapid, WebPushSender};
 use pushpace::provider::ProviderKind;

@@ -1,18 +1,18 @@
-//! `pushpace mock apns|fcm|webpush`: one loopback provider mock (`crate::mock`) as its
+//! `pushpace mock apns|fcm|webpush`: one loopback provider mock (`crate::tools::mock`) as its
 //! own process over TLS, for `pushpace bench` and for trying a worker by hand.
 //!
 //! It writes to `--dir` what a worker needs to reach it: `ca.pem`, the credentials
 //! (APNs: a fresh `.p8` key; FCM: a service account whose `token_uri` is the mock; Web
 //! Push: the worker's own VAPID key and the `seed` of the mock's deterministic
-//! subscriptions, see [`crate::mock::seeded`]), and `provider.json` with the
+//! subscriptions, see [`crate::tools::mock::seeded`]), and `provider.json` with the
 //! `[providers.<name>]` settings. It keeps counts only (no per-token records), and on
 //! SIGTERM or ctrl-c writes `counts.json` and exits.
 
 use super::BenchError;
-use crate::mock::apns::{ApnsMock, MockApnsConfig};
-use crate::mock::fcm::{FcmMock, FcmMockConfig};
-use crate::mock::tls::TestCa;
-use crate::mock::webpush::WebPushMock;
+use crate::tools::mock::apns::{ApnsMock, MockApnsConfig};
+use crate::tools::mock::fcm::{FcmMock, FcmMockConfig};
+use crate::tools::mock::tls::TestCa;
+use crate::tools::mock::webpush::WebPushMock;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -187,7 +187,7 @@ fn start(
         MockKind::Webpush => {
             let mock = WebPushMock::start_on(bind, ca)?;
             mock.set_count_only(true);
-            let s = crate::mock::seeded::SeededSubscriptions::random_seed();
+            let s = crate::tools::mock::seeded::SeededSubscriptions::random_seed();
             mock.accept_seeded(s);
             seed = Some(s.iter().map(|b| format!("{b:02x}")).collect());
             // The VAPID key is the sender's own; the mock checks whatever key signs.

@@ -6,9 +6,9 @@
 use super::feed::Feeder;
 use super::{plan_campaigns, progress_bar, start_api, summary_table, DemoArgs, DemoError, DemoRow};
 use crate::config::Settings;
-use crate::mock::apns::{ApnsMock, MockApnsConfig};
-use crate::mock::tls::TestCa;
-use crate::produce::TokenStyle;
+use crate::tools::mock::apns::{ApnsMock, MockApnsConfig};
+use crate::tools::mock::tls::TestCa;
+use crate::tools::produce::TokenStyle;
 use crate::provider::build::build_one;
 use crate::provider::settings::{
     ApnsEnvironment, ApnsSpec, CommonSpec, NamedProvider, ProviderSpec,

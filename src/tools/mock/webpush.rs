@@ -6,8 +6,8 @@
 //! subscription's own private key and auth secret (RFC 8291), as the browser would, and
 //! keeps the plaintext, so tests compare what a browser would show with what was sent.
 
-use crate::mock::h2server::{Handler, Knobs, MockServer};
-use crate::mock::tls::TestCa;
+use crate::tools::mock::h2server::{Handler, Knobs, MockServer};
+use crate::tools::mock::tls::TestCa;
 use crate::provider::webpush::subscription::B64URL;
 use crate::provider::webpush::{ece, vapid};
 use aes_gcm::aead::OsRng;

@@ -2,7 +2,7 @@
 //! wait for its `start_at`?) and the weighted pair under a capped provider (did they
 //! share the cap in proportion to their weights?), from what the sink saw.
 
-use crate::sink::SinkHandle;
+use crate::tools::sink::SinkHandle;
 use chrono::{DateTime, Utc};
 
 /// When the scheduled campaign's first push arrived, against its `start_at`.
@@ -27,7 +27,7 @@ pub fn weighted_line(
     cap: f64,
 ) -> String {
     let (sa, sb) = (sink.per_second(a), sink.per_second(b));
-    let inner = |s: &[crate::sink::SecondCount]| match (s.first(), s.last()) {
+    let inner = |s: &[crate::tools::sink::SecondCount]| match (s.first(), s.last()) {
         (Some(f), Some(l)) if l.unix_second > f.unix_second + 1 => {
             Some((f.unix_second + 1, l.unix_second - 1))
         }
@@ -40,7 +40,7 @@ pub fn weighted_line(
     if to < from {
         return format!("weighted pair {a} / {b}: never sent in the same whole second");
     }
-    let sum = |s: &[crate::sink::SecondCount]| -> u64 {
+    let sum = |s: &[crate::tools::sink::SecondCount]| -> u64 {
         s.iter()
             .filter(|c| (from..=to).contains(&c.unix_second))
             .map(|c| c.requests)

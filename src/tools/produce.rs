@@ -146,7 +146,7 @@ pub enum TokenStyle {
     /// A plain token and the fields of an FCM `message` (a notification).
     Fcm,
     /// Subscription JSON of the Web Push mock's deterministic scheme.
-    WebPush(crate::mock::webpush::SeededSubscriptions),
+    WebPush(crate::tools::mock::webpush::SeededSubscriptions),
 }
 
 impl TokenStyle {

@@ -37,7 +37,7 @@ pub use report::{render_table, BenchReport, Pacing1000Result, PacingResult, Phas
 
 use crate::config::Settings;
 use crate::limiter::Rate;
-use crate::produce::{self, ProducePlan};
+use crate::tools::produce::{self, ProducePlan};
 use process::{
     cpu_seconds, free_port, progress_bar, server_statements_per_flush, sink_requests, stop_child,
     wait_for_port, WorkerProcess,

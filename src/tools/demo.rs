@@ -22,9 +22,9 @@ pub use report::{summary_table, DemoRow};
 use crate::broker::EmbeddedBroker;
 use crate::config::Settings;
 use crate::limiter::{Algorithm, Rate};
-use crate::produce::{PlannedCampaign, ProducePlan, TokenStyle};
+use crate::tools::produce::{PlannedCampaign, ProducePlan, TokenStyle};
 use crate::sender::{AnySender, HttpSender, HttpSenderConfig};
-use crate::sink::{Sink, SinkConfig, SinkHandle};
+use crate::tools::sink::{Sink, SinkConfig, SinkHandle};
 use crate::store::campaigns::{self, CampaignPatch};
 use crate::worker::{campaign_defaults, Worker, WorkerError};
 use chrono::{DateTime, Utc};
@@ -41,7 +41,7 @@ pub enum DemoError {
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
-    Sink(#[from] crate::sink::SinkError),
+    Sink(#[from] crate::tools::sink::SinkError),
     #[error(transparent)]
     Sender(#[from] crate::sender::SenderError),
     #[error(transparent)]

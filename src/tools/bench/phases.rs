@@ -4,7 +4,7 @@
 use super::process::Sample;
 use super::{phase_err, BenchArgs, BenchError, Ctx, Pacing1000Result, PacingResult, PhaseResult};
 use crate::job;
-use crate::produce::ProducePlan;
+use crate::tools::produce::ProducePlan;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Message;
 use std::time::{Duration, Instant};

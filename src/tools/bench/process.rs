@@ -218,7 +218,7 @@ pub(super) async fn sink_requests(port: u16) -> Option<u64> {
         .text()
         .await
         .ok()?;
-    let body: crate::sink::CountingSummary = serde_json::from_str(&text).ok()?;
+    let body: crate::tools::sink::CountingSummary = serde_json::from_str(&text).ok()?;
     Some(body.requests)
 }
 

@@ -3,7 +3,7 @@
 
 use super::feed::Feeder;
 use crate::limiter::Algorithm;
-use crate::sink::SinkHandle;
+use crate::tools::sink::SinkHandle;
 use std::fmt::Write as _;
 use std::time::Duration;
 

@@ -11,7 +11,7 @@
 
 use crate::broker::{self, BrokerError};
 use crate::job::Job;
-use crate::produce::{PlannedCampaign, TokenStyle};
+use crate::tools::produce::{PlannedCampaign, TokenStyle};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::value::RawValue;
