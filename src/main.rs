@@ -381,11 +381,13 @@ async fn produce(settings: &Settings, args: &ProduceArgs) -> anyhow::Result<()> 
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let jobs =
-        pushpace::tools::produce::produce(&settings.kafka.brokers, &settings.kafka.topic, &plan, |d| {
-            bar.inc(d as u64)
-        })
-        .await?;
+    let jobs = pushpace::tools::produce::produce(
+        &settings.kafka.brokers,
+        &settings.kafka.topic,
+        &plan,
+        |d| bar.inc(d as u64),
+    )
+    .await?;
     bar.finish();
     println!(
         "produced {jobs} jobs, {} devices, to {}",

@@ -1,22 +1,32 @@
 //! [`Settings::validate`]: every check that a value's type alone cannot make, each
 //! error naming its key.
 
-use super::{invalid, ConfigError, SenderKind, Settings};
+use super::{
+    invalid, CappingSettings, ConfigError, DatabaseSettings, HttpSettings, HygieneSettings,
+    KafkaSettings, LimiterSettings, RedisSettings, SenderKind, SenderSettings, Settings,
+    WorkerSettings,
+};
 use crate::limiter::Rate;
 use secrecy::ExposeSecret;
 
 impl Settings {
-    /// Checks every value that its type alone cannot guarantee.
+    /// Checks every value that its type alone cannot guarantee, section by section.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.validate_kafka_database()?;
-        self.validate_worker()?;
-        self.validate_limiter_redis()?;
-        self.validate_rest()
+        self.kafka.validate()?;
+        self.database.validate()?;
+        self.worker.validate()?;
+        self.limiter.validate()?;
+        self.redis.validate()?;
+        self.hygiene.validate()?;
+        self.capping.validate()?;
+        self.sender.validate()?;
+        self.http.validate()
     }
+}
 
-    /// `[kafka]` and `[database]`.
-    fn validate_kafka_database(&self) -> Result<(), ConfigError> {
-        let k = &self.kafka;
+impl KafkaSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let k = self;
         if k.brokers.trim().is_empty() {
             return Err(invalid("kafka.brokers", "must not be empty"));
         }
@@ -46,17 +56,23 @@ impl Settings {
         if !(1..=5_000).contains(&k.fetch_wait_max_ms) {
             return Err(invalid("kafka.fetch_wait_max_ms", "must be 1–5000"));
         }
-        if crate::store::connect_options(self.database.url.expose_secret()).is_err() {
+        Ok(())
+    }
+}
+
+impl DatabaseSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if crate::store::connect_options(self.url.expose_secret()).is_err() {
             return Err(invalid(
                 "database.url",
                 "is not a postgres:// URL (value hidden: it may hold a password)",
             ));
         }
-        if self.database.max_connections == 0 {
+        if self.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be > 0"));
         }
         // Below a day, per-second series (up to 24 h) would miss their rolled-up part.
-        if !(86_400_000..=31_536_000_000).contains(&self.database.rollup_after_ms) {
+        if !(86_400_000..=31_536_000_000).contains(&self.rollup_after_ms) {
             return Err(invalid(
                 "database.rollup_after_ms",
                 "must be 86400000–31536000000 (1 day to 365 days)",
@@ -64,10 +80,11 @@ impl Settings {
         }
         Ok(())
     }
+}
 
-    /// `[worker]`.
-    fn validate_worker(&self) -> Result<(), ConfigError> {
-        let w = &self.worker;
+impl WorkerSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let w = self;
         if !(1..=10_000).contains(&w.max_active_campaigns) {
             return Err(invalid("worker.max_active_campaigns", "must be 1–10000"));
         }
@@ -110,29 +127,36 @@ impl Settings {
         }
         Ok(())
     }
+}
 
-    /// `[limiter]` and `[redis]`.
-    fn validate_limiter_redis(&self) -> Result<(), ConfigError> {
-        Rate::per_second(self.limiter.send_rate)
+impl LimiterSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        Rate::per_second(self.send_rate)
             .map_err(|e| invalid("limiter.send_rate", e.to_string()))?;
-        if self.limiter.global_rate != 0.0 {
-            Rate::per_second(self.limiter.global_rate)
+        if self.global_rate != 0.0 {
+            Rate::per_second(self.global_rate)
                 .map_err(|e| invalid("limiter.global_rate", format!("{e} (or 0 for none)")))?;
         }
-        if self.limiter.burst > crate::store::campaigns::MAX_BURST {
+        if self.burst > crate::store::campaigns::MAX_BURST {
             return Err(invalid(
                 "limiter.burst",
                 format!(
                     "must be 0 to {}, got {}",
                     crate::store::campaigns::MAX_BURST,
-                    self.limiter.burst
+                    self.burst
                 ),
             ));
         }
-        if !(1..=10_000).contains(&self.limiter.workers_estimate) {
+        if !(1..=10_000).contains(&self.workers_estimate) {
             return Err(invalid("limiter.workers_estimate", "must be 1–10000"));
         }
-        let r = &self.redis;
+        Ok(())
+    }
+}
+
+impl RedisSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let r = self;
         match url::Url::parse(r.url.expose_secret()) {
             Ok(u) if matches!(u.scheme(), "redis" | "rediss") => {}
             _ => {
@@ -153,10 +177,11 @@ impl Settings {
         }
         Ok(())
     }
+}
 
-    /// `[hygiene]`, `[capping]`, `[sender]` and `[http]`.
-    fn validate_rest(&self) -> Result<(), ConfigError> {
-        let h = &self.hygiene;
+impl HygieneSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let h = self;
         if h.expected_tokens == 0 || h.expected_tokens > 1_000_000_000 {
             return Err(invalid(
                 "hygiene.expected_tokens",
@@ -172,13 +197,24 @@ impl Settings {
         if h.reload_ms == 0 {
             return Err(invalid("hygiene.reload_ms", "must be > 0"));
         }
-        let c = &self.capping;
-        if c.enabled {
-            if let Err(e) = c.cap_config().validate() {
+        Ok(())
+    }
+}
+
+impl CappingSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.enabled {
+            if let Err(e) = self.cap_config().validate() {
                 return Err(invalid("capping", e.to_string()));
             }
         }
-        let s = &self.sender;
+        Ok(())
+    }
+}
+
+impl SenderSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let s = self;
         if s.kind == SenderKind::Http {
             match url::Url::parse(&s.url) {
                 Ok(u) if matches!(u.scheme(), "http" | "https") => {}
@@ -187,10 +223,6 @@ impl Settings {
         }
         if s.timeout_ms == 0 {
             return Err(invalid("sender.timeout_ms", "must be > 0"));
-        }
-        for host in &self.http.allowed_hosts {
-            crate::api::auth::HostPattern::parse(host)
-                .map_err(|e| invalid("http.allowed_hosts", e))?;
         }
         if !(1..=64).contains(&s.http2_connections) {
             return Err(invalid("sender.http2_connections", "must be 1 to 64"));
@@ -206,6 +238,16 @@ impl Settings {
                 "sender.retry_max_ms",
                 "retry_base_ms must be > 0 and retry_max_ms ≥ retry_base_ms",
             ));
+        }
+        Ok(())
+    }
+}
+
+impl HttpSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        for host in &self.allowed_hosts {
+            crate::api::auth::HostPattern::parse(host)
+                .map_err(|e| invalid("http.allowed_hosts", e))?;
         }
         Ok(())
     }

@@ -19,11 +19,11 @@ pub use bloom::{BloomError, BloomFilter};
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use futures::TryStreamExt;
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// Errors of token hygiene.
 #[derive(Debug, thiserror::Error)]
@@ -122,14 +122,10 @@ impl TokenHygiene {
         Ok(h)
     }
 
-    fn lock_loaded(&self) -> std::sync::MutexGuard<'_, Option<DateTime<Utc>>> {
-        self.loaded_until.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Adds the rows other workers recorded since the last reload; returns how many rows
     /// were read (the overlap re-reads a few; adding them again is harmless).
     pub async fn reload(&self) -> Result<usize, HygieneError> {
-        let since = *self.lock_loaded();
+        let since = *self.loaded_until.lock();
         let since = since.map(|t| t - ChronoDuration::seconds(RELOAD_OVERLAP_SECS));
         // Streamed: a full load at start may be millions of rows.
         let mut rows = sqlx::query_as::<_, (Vec<u8>, DateTime<Utc>)>(
@@ -148,7 +144,7 @@ impl TokenHygiene {
             read += 1;
         }
         drop(rows);
-        let mut loaded = self.lock_loaded();
+        let mut loaded = self.loaded_until.lock();
         *loaded = (*loaded).max(newest);
         self.counters
             .loaded

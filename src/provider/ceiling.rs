@@ -19,50 +19,8 @@
 //!   usual p50 is congested: a provider that is always slow is not.
 
 use crate::limiter::{Nanos, NANOS_PER_SEC};
+pub use crate::sender::{Signal, SIGNALS};
 use std::time::Duration;
-
-/// What made a second congested.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Signal {
-    /// 429, FCM `QUOTA_EXCEEDED`.
-    Throttled = 0,
-    /// 503 and other 5xx, FCM `UNAVAILABLE`.
-    Unavailable = 1,
-    /// No answer in time.
-    Timeout = 2,
-    /// The connection failed or was lost.
-    Connection = 3,
-    /// The second's p95 latency passed the target.
-    Latency = 4,
-    /// The provider asked for a pause (`Retry-After`).
-    RetryAfter = 5,
-}
-
-/// The number of [`Signal`]s.
-pub const SIGNALS: usize = 6;
-
-impl Signal {
-    pub const ALL: [Signal; SIGNALS] = [
-        Signal::Throttled,
-        Signal::Unavailable,
-        Signal::Timeout,
-        Signal::Connection,
-        Signal::Latency,
-        Signal::RetryAfter,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Signal::Throttled => "throttled",
-            Signal::Unavailable => "unavailable",
-            Signal::Timeout => "timeout",
-            Signal::Connection => "connection",
-            Signal::Latency => "latency",
-            Signal::RetryAfter => "retry_after",
-        }
-    }
-}
 
 /// The law's constants (`providers.<name>.adaptive_*`).
 #[derive(Debug, Clone, Copy, PartialEq)]

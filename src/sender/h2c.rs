@@ -18,7 +18,7 @@
 use super::wire::PushHeaders;
 use super::wire::{connect_tcp, Snippet, USER_AGENT};
 use super::SendOutcome;
-use crate::provider::ceiling::Signal;
+use super::Signal;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, USER_AGENT as USER_AGENT_HEADER};

@@ -8,9 +8,9 @@
 use super::h2c::H2cPool;
 use super::http1::Http1Pool;
 use super::wire::{PushHeaders, Snippet, SENT_AT, USER_AGENT};
+use super::Signal;
 use super::{no_such_device, SendFuture, SendOutcome, Sender, SenderError};
 use crate::job::{write_json_str, Job};
-use crate::provider::ceiling::Signal;
 use reqwest::header::{HeaderValue, CONTENT_TYPE};
 use std::sync::Arc;
 use std::time::Duration;

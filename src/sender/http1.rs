@@ -19,7 +19,7 @@
 use super::wire::PushHeaders;
 use super::wire::{connect_tcp, Snippet, USER_AGENT};
 use super::SendOutcome;
-use crate::provider::ceiling::Signal;
+use super::Signal;
 use bytes::Bytes;
 use crossbeam_queue::ArrayQueue;
 use http::header::{CONTENT_TYPE, HOST, USER_AGENT as USER_AGENT_HEADER};

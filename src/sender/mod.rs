@@ -14,12 +14,13 @@ mod http;
 mod http1;
 mod null;
 mod retry;
+mod signal;
 mod wire;
 
-pub use crate::provider::ceiling::Signal;
 pub use http::{push_body, Http1Client, HttpSender, HttpSenderConfig};
 pub use null::NullSender;
 pub use retry::{backoff_ceiling, parse_retry_after, retry_delay, MAX_RETRY_AFTER};
+pub use signal::{Signal, SIGNALS};
 pub use wire::SENT_AT;
 
 use crate::job::Job;

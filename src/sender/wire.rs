@@ -5,7 +5,7 @@
 
 use super::retry::parse_retry_after;
 use super::SendOutcome;
-use crate::provider::ceiling::Signal;
+use super::Signal;
 use reqwest::header::{HeaderValue, RETRY_AFTER};
 use std::time::{Duration, SystemTime};
 

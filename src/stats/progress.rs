@@ -5,6 +5,7 @@
 //! so what is written is the whole finished set, not only the prefix: a device that keeps
 //! retrying does not hold back what a crash would re-send.
 
+use crate::store::progress::set_bits;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -82,21 +83,6 @@ impl Snapshot {
         }
         out
     }
-}
-
-/// The offsets of the set bits of `words`, ascending.
-pub(crate) fn set_bits(words: &[u64]) -> impl Iterator<Item = u64> + '_ {
-    words.iter().enumerate().flat_map(|(i, &w)| {
-        let base = i as u64 * 64;
-        let mut w = w;
-        std::iter::from_fn(move || {
-            (w != 0).then(|| {
-                let b = u64::from(w.trailing_zeros());
-                w &= w - 1;
-                base + b
-            })
-        })
-    })
 }
 
 fn set_bit(words: &mut Vec<u64>, k: u64) {

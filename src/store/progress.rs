@@ -36,7 +36,7 @@ impl JobProgress {
     /// The devices at or after `devices_done` that are finished, ascending.
     pub fn finished_after_prefix(&self) -> impl Iterator<Item = u32> + '_ {
         let base = self.devices_done;
-        crate::stats::progress::set_bits(&self.done_after)
+        set_bits(&self.done_after)
             // Below devices_total (checked at decoding), so within u32.
             .map(move |k| base + k as u32)
     }
@@ -133,6 +133,21 @@ fn decode(r: ProgressRow) -> Result<JobProgress, StoreError> {
         kafka_offset: r.kafka_offset,
         completed_at: r.completed_at,
         updated_at: r.updated_at,
+    })
+}
+
+/// The offsets of the set bits of `words`, ascending.
+pub(crate) fn set_bits(words: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    words.iter().enumerate().flat_map(|(i, &w)| {
+        let base = i as u64 * 64;
+        let mut w = w;
+        std::iter::from_fn(move || {
+            (w != 0).then(|| {
+                let b = u64::from(w.trailing_zeros());
+                w &= w - 1;
+                base + b
+            })
+        })
     })
 }
 

@@ -22,10 +22,10 @@ pub use report::{summary_table, DemoRow};
 use crate::broker::EmbeddedBroker;
 use crate::config::Settings;
 use crate::limiter::{Algorithm, Rate};
-use crate::tools::produce::{PlannedCampaign, ProducePlan, TokenStyle};
 use crate::sender::{AnySender, HttpSender, HttpSenderConfig};
-use crate::tools::sink::{Sink, SinkConfig, SinkHandle};
 use crate::store::campaigns::{self, CampaignPatch};
+use crate::tools::produce::{PlannedCampaign, ProducePlan, TokenStyle};
+use crate::tools::sink::{Sink, SinkConfig, SinkHandle};
 use crate::worker::{campaign_defaults, Worker, WorkerError};
 use chrono::{DateTime, Utc};
 use feed::Feeder;
@@ -104,32 +104,8 @@ const ALGORITHMS: [Algorithm; 4] = [
 
 /// Runs the demo, printing progress to stdout. Returns the summary rows.
 pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
-    let embedded;
-    let bootstrap = if settings.kafka.is_embedded() {
-        println!("starting the embedded Kafka broker (librdkafka mock cluster)…");
-        embedded =
-            EmbeddedBroker::start(&[(settings.kafka.topic.as_str(), settings.kafka.partitions)])?;
-        embedded.bootstrap_servers().to_string()
-    } else {
-        crate::broker::ensure_topic(
-            &settings.kafka.brokers,
-            &settings.kafka.topic,
-            settings.kafka.partitions,
-        )
-        .await?;
-        settings.kafka.brokers.clone()
-    };
-
-    let url = settings.database.url.expose_secret();
-    crate::store::ensure_database(url).await?;
-    let pool = crate::store::connect(
-        url,
-        settings.database.max_connections,
-        settings.database.connect_timeout(),
-    )
-    .await?;
-    crate::store::migrate(&pool).await?;
-
+    // The embedded broker lives until the demo returns.
+    let (_embedded, bootstrap, pool) = broker_and_database(&settings).await?;
     if args.provider == Some(DemoProvider::Apns) {
         return apns::run(settings, args, pool, bootstrap).await;
     }
@@ -149,19 +125,7 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
         plan.campaigns.clone(),
         args.duration.is_none(),
     )?;
-    if plan.campaigns.len() > WEIGHTED.1 {
-        for ci in [WEIGHTED.0, WEIGHTED.1] {
-            feeder.set_provider(ci, CAPPED);
-        }
-        println!(
-            "campaigns {} and {} share provider {CAPPED:?} capped at {CAPPED_RATE}/s, with \
-             weights 1 and {WEIGHTED_WEIGHT}: they get {}/s and {}/s",
-            plan.campaigns[WEIGHTED.0].id,
-            plan.campaigns[WEIGHTED.1].id,
-            CAPPED_RATE / (1.0 + WEIGHTED_WEIGHT),
-            CAPPED_RATE * WEIGHTED_WEIGHT / (1.0 + WEIGHTED_WEIGHT)
-        );
-    }
+    share_a_capped_provider(&mut feeder, &plan);
     let jobs = feeder.top_up(|_| 0).await?;
     println!(
         "{} campaigns; their jobs are produced as they send, {} s ahead ({jobs} jobs now)",
@@ -190,6 +154,56 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     print_showcase(&sink, &plan, scheduled);
     println!("{}", verdict(&rows, settings.kafka.is_embedded()));
     Ok(rows)
+}
+
+/// The broker (embedded, or the configured one with the topic ensured) and the
+/// migrated database.
+async fn broker_and_database(
+    settings: &Settings,
+) -> Result<(Option<EmbeddedBroker>, String, sqlx::PgPool), DemoError> {
+    let (embedded, bootstrap) = if settings.kafka.is_embedded() {
+        println!("starting the embedded Kafka broker (librdkafka mock cluster)…");
+        let embedded =
+            EmbeddedBroker::start(&[(settings.kafka.topic.as_str(), settings.kafka.partitions)])?;
+        let bootstrap = embedded.bootstrap_servers().to_string();
+        (Some(embedded), bootstrap)
+    } else {
+        crate::broker::ensure_topic(
+            &settings.kafka.brokers,
+            &settings.kafka.topic,
+            settings.kafka.partitions,
+        )
+        .await?;
+        (None, settings.kafka.brokers.clone())
+    };
+    let url = settings.database.url.expose_secret();
+    crate::store::ensure_database(url).await?;
+    let pool = crate::store::connect(
+        url,
+        settings.database.max_connections,
+        settings.database.connect_timeout(),
+    )
+    .await?;
+    crate::store::migrate(&pool).await?;
+    Ok((embedded, bootstrap, pool))
+}
+
+/// With enough campaigns, two of them share the capped provider with different weights.
+fn share_a_capped_provider(feeder: &mut Feeder, plan: &ProducePlan) {
+    if plan.campaigns.len() <= WEIGHTED.1 {
+        return;
+    }
+    for ci in [WEIGHTED.0, WEIGHTED.1] {
+        feeder.set_provider(ci, CAPPED);
+    }
+    println!(
+        "campaigns {} and {} share provider {CAPPED:?} capped at {CAPPED_RATE}/s, with \
+         weights 1 and {WEIGHTED_WEIGHT}: they get {}/s and {}/s",
+        plan.campaigns[WEIGHTED.0].id,
+        plan.campaigns[WEIGHTED.1].id,
+        CAPPED_RATE / (1.0 + WEIGHTED_WEIGHT),
+        CAPPED_RATE * WEIGHTED_WEIGHT / (1.0 + WEIGHTED_WEIGHT)
+    );
 }
 
 /// The sink as two webhook providers, as `pushpace run` builds the webhook of

@@ -19,6 +19,8 @@
 //! It runs on a plain thread so that the rebalance callback may block (bounded) while
 //! the scheduler drains the revoked partitions' in-flight sends.
 
+mod parking;
+
 use super::backlog::{Backlog, JobRef};
 use super::enrich::{self, Enricher, Lookups};
 use super::message::HeaderSource;
@@ -33,11 +35,12 @@ use crate::shutdown::Shutdown;
 use crate::store::campaigns::CampaignDefaults;
 use crate::store::DeadLetterKind;
 use futures::FutureExt;
+use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Message, TopicPartitionList};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -238,7 +241,7 @@ struct Loop {
 
 impl Loop {
     fn with_state<R>(&self, f: impl FnOnce(&mut State, &BaseConsumer<Ctx>) -> R) -> R {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock();
         f(&mut s, &self.consumer)
     }
 
@@ -288,7 +291,7 @@ impl Loop {
         }
         let live = self.live.borrow_and_update().campaigns.clone();
         let known = &mut self.known;
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock();
         for c in live.iter() {
             s.backlog.set_rate(&c.id, c.rate);
             if let (Some((k, _)), Ok(rate)) = (known.get_mut(&c.id), Rate::per_second(c.rate)) {
@@ -304,122 +307,6 @@ impl Loop {
             let devices: usize = s.load.values().map(|l| l.devices).sum();
             jobs < self.max_jobs && devices < self.max_devices
         })
-    }
-
-    /// Hands over parked jobs of campaigns running low, most starved first: from memory,
-    /// or re-read from Kafka.
-    fn unpark_due(&mut self) {
-        // Bounded per step, in count and in time, so that the loop still polls often
-        // (the group's poll interval) and serves new messages and rebalances.
-        const MAX_PER_STEP: usize = 64;
-        const MAX_STEP_TIME: Duration = Duration::from_millis(200);
-        let started = Instant::now();
-        for _ in 0..MAX_PER_STEP {
-            if started.elapsed() > MAX_STEP_TIME || self.under_pressure() {
-                return;
-            }
-            let room = self.has_room();
-            let now = Instant::now();
-            let Some((campaign, parked)) =
-                self.with_state(|s, _| s.backlog.next_to_unpark(room, now))
-            else {
-                return;
-            };
-            let (at, devices) = (parked.at, parked.devices);
-            let fetched = match parked.message {
-                Some(m) => Ok(m),
-                None => self.refetcher.fetch(&self.topic, at),
-            };
-            let span = tracing::info_span!(
-                "job",
-                partition = at.partition,
-                offset = at.offset,
-                refetched = true
-            );
-            let _g = span.enter();
-            match fetched {
-                Ok(msg) => {
-                    if let Some(job) = self.decode_or_dead_letter(&msg, at.partition, at.offset) {
-                        let settings = self.campaign_settings(&job);
-                        self.hand_over(job, settings, at.partition, at.offset);
-                    }
-                }
-                Err(RefetchError::Gone { offset, earliest }) => {
-                    let reason = format!(
-                        "parked job at offset {offset} was deleted by retention before it was re-read (the partition now starts at {earliest})"
-                    );
-                    tracing::error!(%campaign, %reason, "parked job lost to retention; dead-lettered");
-                    self.with_state(|s, _| {
-                        s.dead_letter_message(Letter {
-                            kind: DeadLetterKind::ExpiredOffset,
-                            partition: at.partition,
-                            offset: at.offset,
-                            campaign_id: Some(campaign.clone()),
-                            job_id: None,
-                            device: None,
-                            device_token: None,
-                            reason,
-                            key: None,
-                            raw: Vec::new(),
-                        })
-                    });
-                }
-                Err(RefetchError::Transient(e)) => {
-                    tracing::warn!(error = %e, %campaign, "cannot re-read a parked job; this campaign retries in 1 s");
-                    let retry_at = Instant::now() + REFETCH_BACKOFF;
-                    self.with_state(|s, _| {
-                        s.backlog.unpark_failed(&campaign, at, devices, retry_at)
-                    });
-                }
-            }
-        }
-    }
-
-    /// Pauses a partition whose parked jobs exceed its share of `max_parked_jobs`, or,
-    /// once parked messages fill `max_parked_bytes`, any partition where no campaign
-    /// starves: reading ahead is then driven by need, and parked jobs stay in memory
-    /// instead of being re-read from Kafka one by one. Under `pressure` every partition
-    /// is paused.
-    fn adjust_pauses(&mut self, pressure: bool) {
-        let n = self.with_state(|s, _| s.load.len().max(s.assigned.len()).max(1));
-        let share = (self.max_parked / n).max(1);
-        let max_bytes = self.max_parked_bytes;
-        let topic = self.topic.clone();
-        self.with_state(|s, c| {
-            let evicted = s.backlog.evict_hog(max_bytes);
-            if evicted > 0 {
-                tracing::info!(evicted, "one campaign filled the parked-bytes budget; its newest parked jobs will be re-read");
-            }
-            for p in s.assigned.iter() {
-                s.load.entry(*p).or_default();
-            }
-            let bytes = s.backlog.parked_bytes();
-            let starving_in = s.backlog.starving_partitions();
-            for (p, l) in s.load.iter_mut() {
-                let parked = s.backlog.parked_in(*p);
-                let starving = starving_in.contains(p);
-                let too_many = parked >= share;
-                // A zero budget keeps nothing in memory: only offsets, no memory pause.
-                let memory_full = max_bytes > 0 && bytes >= max_bytes && !starving;
-                if too_many || memory_full {
-                    l.backlog_pause = true;
-                } else if parked <= share / 2 && (bytes <= max_bytes / 4 * 3 || starving) {
-                    l.backlog_pause = false;
-                }
-                let want = l.backlog_pause || pressure;
-                if want == l.paused || !s.assigned.contains(p) {
-                    continue;
-                }
-                // Built only to pause or resume: a partition list is two C allocations.
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition(&topic, *p);
-                let done = if want { c.pause(&tpl) } else { c.resume(&tpl) };
-                if done.is_ok() {
-                    l.paused = want;
-                    tracing::debug!(partition = p, paused = want, parked, pressure, "partition pause changed");
-                }
-            }
-        });
     }
 
     fn publish_stats(&self, pressure: bool) {

@@ -179,7 +179,7 @@ impl State {
 
 /// The rebalance, commit and statistics hooks.
 pub(super) struct Ctx {
-    pub state: Arc<std::sync::Mutex<State>>,
+    pub state: Arc<parking_lot::Mutex<State>>,
     pub control: mpsc::Sender<Control>,
     pub drain_timeout: Duration,
     pub flush_now: FlushNow,
@@ -187,8 +187,8 @@ pub(super) struct Ctx {
 }
 
 impl Ctx {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 }
 

@@ -10,10 +10,10 @@ use crate::helpers::{
     brokers, fresh_database, fresh_topic, pacing_lock, sink_worker_settings, unique_name, wait_for,
 };
 use pushpace::limiter::Algorithm;
-use pushpace::tools::produce::ProducePlan;
 use pushpace::provider::ceiling::CeilingParams;
 use pushpace::provider::{Provider, ProviderKind, Providers};
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
+use pushpace::tools::produce::ProducePlan;
 use pushpace::tools::sink::{Arrival, Behaviour, RetryAfter, Sink, SinkConfig, SinkHandle};
 use pushpace::worker::scheduler::{CampaignLive, ProviderLive};
 use pushpace::worker::Worker;

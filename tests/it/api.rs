@@ -9,9 +9,9 @@ use crate::helpers::{
 use chrono::{DateTime, Duration as ChronoDuration, TimeZone, Utc};
 use pushpace::api::WorkerView;
 use pushpace::limiter::Algorithm;
-use pushpace::tools::produce::ProducePlan;
 use pushpace::startup::{AppDeps, Application, RunningApplication};
 use pushpace::store::{DeadLetter, DeadLetterKind};
+use pushpace::tools::produce::ProducePlan;
 use pushpace::worker::Worker;
 use serde_json::{json, Value};
 use sqlx::PgPool;

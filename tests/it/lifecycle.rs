@@ -6,10 +6,10 @@ use crate::helpers::{
 };
 use pushpace::job::{Job, Lifecycle};
 use pushpace::limiter::Algorithm;
-use pushpace::tools::produce::ProducePlan;
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch, CampaignStatus};
+use pushpace::tools::produce::ProducePlan;
+use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::worker::Worker;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;

@@ -5,8 +5,8 @@ use crate::helpers::{
     brokers, fresh_database, fresh_topic, pacing_lock, test_settings, unique_name, wait_for,
 };
 use pushpace::limiter::{Algorithm, Rate};
-use pushpace::tools::produce::{PlannedCampaign, ProducePlan};
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
+use pushpace::tools::produce::{PlannedCampaign, ProducePlan};
 use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
 use pushpace::worker::Worker;
 use sqlx::PgPool;

@@ -45,7 +45,7 @@ use process::{
 use secrecy::ExposeSecret;
 use serde::Serialize;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Errors of the harness: set-up, a phase that fails or does not finish, I/O.
@@ -204,69 +204,22 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
         ..Default::default()
     };
     let mut databases = Vec::new();
-
     let throughput = phases.iter().any(|p| {
         matches!(
             p,
             Phase::Consumer | Phase::Null | Phase::Http1 | Phase::Http1Reqwest | Phase::H2c
         )
     });
-    let mut plan = None;
-    if throughput {
-        let per_campaign = args.devices.div_ceil(args.campaigns.max(1));
-        // 1 M/s each: far above what a worker reaches, so the limiters never bind.
-        let p = ProducePlan::uniform(
-            &format!("{run_id}t"),
-            args.campaigns.max(1),
-            per_campaign,
-            Rate::per_second(1_000_000.0).expect("a valid rate"),
-            args.job_size,
-        );
-        let topic = ctx.topic("throughput");
-        ctx.produce(&topic, &p).await?;
-        plan = Some((topic, p));
-    }
+    let plan = if throughput {
+        Some(ctx.throughput_plan(args).await?)
+    } else {
+        None
+    };
     for phase in phases {
         eprintln!("[bench] phase {}", phase.name());
-        let result = match phase {
-            Phase::Consumer => {
-                let (topic, p) = plan.as_ref().expect("produced above");
-                ctx.plain_consumer(topic, p).await?
-            }
-            Phase::Null | Phase::Http1 | Phase::Http1Reqwest | Phase::H2c => {
-                let (topic, p) = plan.as_ref().expect("produced above");
-                let db = ctx.database(&phase.name().replace('-', "_"));
-                databases.push(db.clone());
-                ctx.worker_throughput(phase, topic, p, &db).await?
-            }
-            Phase::Backlog => {
-                let topic = ctx.topic("backlog");
-                let db = ctx.database("backlog");
-                databases.push(db.clone());
-                ctx.backlog(&topic, &db, args).await?
-            }
-            Phase::Apns | Phase::Fcm | Phase::Webpush => {
-                let db = ctx.database(phase.name());
-                databases.push(db.clone());
-                ctx.provider_phase(phase, args, &db).await?
-            }
-            Phase::Pacing => {
-                let topic = ctx.topic("pacing");
-                let db = ctx.database("pacing");
-                databases.push(db.clone());
-                let (r, pacing) = ctx.pacing(&topic, &db, args).await?;
-                report.pacing = Some(pacing);
-                r
-            }
-            Phase::Pacing1000 => {
-                let topic = ctx.topic("pacing_1000");
-                let db = ctx.database("pacing_1000");
-                databases.push(db.clone());
-                let (r, pacing) = ctx.pacing_1000(&topic, &db, args).await?;
-                report.pacing_1000 = Some(pacing);
-                r
-            }
-        };
+        let result = ctx
+            .run_phase(phase, plan.as_ref(), args, &mut databases, &mut report)
+            .await?;
         eprintln!("[bench] {}", report::one_line(&result));
         report.phases.push(result);
     }
@@ -294,6 +247,74 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
         )?;
     }
     Ok(report)
+}
+
+impl Ctx {
+    /// The throughput phases' shared topic and plan, produced once.
+    async fn throughput_plan(&self, args: &BenchArgs) -> Result<(String, ProducePlan), BenchError> {
+        let per_campaign = args.devices.div_ceil(args.campaigns.max(1));
+        // 1 M/s each: far above what a worker reaches, so the limiters never bind.
+        let p = ProducePlan::uniform(
+            &format!("{}t", self.run_id),
+            args.campaigns.max(1),
+            per_campaign,
+            Rate::per_second(1_000_000.0).expect("a valid rate"),
+            args.job_size,
+        );
+        let topic = self.topic("throughput");
+        self.produce(&topic, &p).await?;
+        Ok((topic, p))
+    }
+
+    /// Runs one phase on a database of its own (named in `databases` for the clean-up);
+    /// the pacing phases also fill in their part of `report`.
+    async fn run_phase(
+        &self,
+        phase: Phase,
+        plan: Option<&(String, ProducePlan)>,
+        args: &BenchArgs,
+        databases: &mut Vec<String>,
+        report: &mut BenchReport,
+    ) -> Result<PhaseResult, BenchError> {
+        let mut database = |name: &str| {
+            let db = self.database(name);
+            databases.push(db.clone());
+            db
+        };
+        Ok(match phase {
+            Phase::Consumer => {
+                let (topic, p) = plan.expect("produced for the throughput phases");
+                self.plain_consumer(topic, p).await?
+            }
+            Phase::Null | Phase::Http1 | Phase::Http1Reqwest | Phase::H2c => {
+                let (topic, p) = plan.expect("produced for the throughput phases");
+                let db = database(&phase.name().replace('-', "_"));
+                self.worker_throughput(phase, topic, p, &db).await?
+            }
+            Phase::Backlog => {
+                let db = database("backlog");
+                self.backlog(&self.topic("backlog"), &db, args).await?
+            }
+            Phase::Apns | Phase::Fcm | Phase::Webpush => {
+                let db = database(phase.name());
+                self.provider_phase(phase, args, &db).await?
+            }
+            Phase::Pacing => {
+                let db = database("pacing");
+                let (r, pacing) = self.pacing(&self.topic("pacing"), &db, args).await?;
+                report.pacing = Some(pacing);
+                r
+            }
+            Phase::Pacing1000 => {
+                let db = database("pacing_1000");
+                let (r, pacing) = self
+                    .pacing_1000(&self.topic("pacing_1000"), &db, args)
+                    .await?;
+                report.pacing_1000 = Some(pacing);
+                r
+            }
+        })
+    }
 }
 
 struct Ctx {
@@ -431,48 +452,7 @@ impl Ctx {
         db: &str,
     ) -> Result<PhaseResult, BenchError> {
         let name = phase.name();
-        let mut sink = None;
-        let mut extra: Vec<(&str, String)> = vec![
-            // Every send in flight is a job device held; room for the HTTP round trips.
-            (
-                "PUSHPACE__SENDER__MAX_IN_FLIGHT",
-                self.max_in_flight.to_string(),
-            ),
-        ];
-        match phase {
-            Phase::Null => extra.push(("PUSHPACE__SENDER__KIND", "null".into())),
-            _ => {
-                let port = free_port()?;
-                let log = std::fs::File::create(
-                    self.out_dir
-                        .join(format!("{}-{name}-sink.log", self.run_id)),
-                )?;
-                let child = Command::new(&self.exe)
-                    .args(["sink", "--count-only", "--bind"])
-                    .arg(format!("127.0.0.1:{port}"))
-                    .stdin(Stdio::null())
-                    .stdout(log.try_clone()?)
-                    .stderr(log)
-                    .spawn()?;
-                sink = Some((child, port));
-                wait_for_port(port, Duration::from_secs(20)).await?;
-                extra.push(("PUSHPACE__SENDER__KIND", "http".into()));
-                extra.push((
-                    "PUSHPACE__SENDER__URL",
-                    format!("http://127.0.0.1:{port}/push"),
-                ));
-                extra.push((
-                    "PUSHPACE__SENDER__HTTP2_PRIOR_KNOWLEDGE",
-                    (phase == Phase::H2c).to_string(),
-                ));
-                let client = if phase == Phase::Http1Reqwest {
-                    "reqwest"
-                } else {
-                    "hyper"
-                };
-                extra.push(("PUSHPACE__SENDER__HTTP1_CLIENT", client.into()));
-            }
-        }
+        let (sink, extra) = self.sender_for(phase).await?;
         let total = plan.total_devices() as u64;
         let mut w = self.start_worker(name, topic, db, &extra).await?;
         let timed = w.time_until(name, total, Duration::from_secs(600)).await;
@@ -521,6 +501,55 @@ impl Ctx {
             peer_cpu_s_per_million: sink_cpu.map(|c| c / (sent as f64 / 1e6)),
             note,
         })
+    }
+
+    /// The worker's sender settings for a throughput phase, and for the HTTP phases the
+    /// counting sink process they send to (with its port).
+    async fn sender_for(
+        &self,
+        phase: Phase,
+    ) -> Result<(Option<(Child, u16)>, Vec<(&'static str, String)>), BenchError> {
+        let mut extra: Vec<(&str, String)> = vec![
+            // Every send in flight is a job device held; room for the HTTP round trips.
+            (
+                "PUSHPACE__SENDER__MAX_IN_FLIGHT",
+                self.max_in_flight.to_string(),
+            ),
+        ];
+        if phase == Phase::Null {
+            extra.push(("PUSHPACE__SENDER__KIND", "null".into()));
+            return Ok((None, extra));
+        }
+        let port = free_port()?;
+        let log = std::fs::File::create(self.out_dir.join(format!(
+            "{}-{}-sink.log",
+            self.run_id,
+            phase.name()
+        )))?;
+        let child = Command::new(&self.exe)
+            .args(["sink", "--count-only", "--bind"])
+            .arg(format!("127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        wait_for_port(port, Duration::from_secs(20)).await?;
+        extra.push(("PUSHPACE__SENDER__KIND", "http".into()));
+        extra.push((
+            "PUSHPACE__SENDER__URL",
+            format!("http://127.0.0.1:{port}/push"),
+        ));
+        extra.push((
+            "PUSHPACE__SENDER__HTTP2_PRIOR_KNOWLEDGE",
+            (phase == Phase::H2c).to_string(),
+        ));
+        let client = if phase == Phase::Http1Reqwest {
+            "reqwest"
+        } else {
+            "hyper"
+        };
+        extra.push(("PUSHPACE__SENDER__HTTP1_CLIENT", client.into()));
+        Ok((Some((child, port)), extra))
     }
 
     /// Drops the bench databases. Topics are left in place: tansu 0.6.0 answers a

@@ -28,6 +28,11 @@ pub(super) struct Sample {
     pub(super) paused_partitions: f64,
 }
 
+/// How often `time_until` scrapes the worker before the last 5% of its sends.
+const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+/// How often near the end: the phase's end is known to within this.
+const SAMPLE_NEAR_END: Duration = Duration::from_millis(20);
+
 impl WorkerProcess {
     pub(super) fn pid(&self) -> u32 {
         self.child.id()
@@ -110,7 +115,15 @@ impl WorkerProcess {
                     break;
                 }
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // A scrape costs the worker CPU (it renders every histogram): sparse while far
+            // from the end, dense near it, where the last sample's time ends the phase.
+            let near_end = last.sends >= total / 100 * 95;
+            tokio::time::sleep(if near_end {
+                SAMPLE_NEAR_END
+            } else {
+                SAMPLE_EVERY
+            })
+            .await;
         }
         bar.finish_and_clear();
         if let Err(e) = std::fs::write(&self.curve_path, &curve) {

@@ -49,33 +49,7 @@ impl Ctx {
         let topic = self.topic(name);
         self.produce_styled(&topic, &plan, &style).await?;
 
-        let upper = name.to_ascii_uppercase();
-        let mut extra: Vec<(String, String)> = vec![
-            (
-                "PUSHPACE__SENDER__MAX_IN_FLIGHT".into(),
-                self.max_in_flight.to_string(),
-            ),
-            ("PUSHPACE__SENDER__DEFAULT_PROVIDER".into(), name.into()),
-            // No provider cap (FCM's default is its quota, 10,000/s).
-            (
-                format!("PUSHPACE__PROVIDERS__{upper}__MAX_RATE"),
-                "0".into(),
-            ),
-            (
-                format!("PUSHPACE__PROVIDERS__{upper}__MAX_IN_FLIGHT"),
-                self.max_in_flight.to_string(),
-            ),
-        ];
-        if let Some(n) = args.provider_connections {
-            if phase != Phase::Webpush {
-                let key = format!("PUSHPACE__PROVIDERS__{upper}__CONNECTIONS");
-                extra.push((key, n.to_string()));
-            }
-        }
-        for (k, v) in &info.settings {
-            let key = format!("PUSHPACE__PROVIDERS__{upper}__{}", k.to_ascii_uppercase());
-            extra.push((key, v.clone()));
-        }
+        let extra = self.provider_env(phase, args, &info);
         let extra: Vec<(&str, String)> =
             extra.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         let total = plan.total_devices() as u64;
@@ -118,6 +92,45 @@ impl Ctx {
             note,
             ..Default::default()
         })
+    }
+
+    /// The worker's environment for a provider phase: the mock's provider settings, no
+    /// provider cap, and room in flight.
+    fn provider_env(
+        &self,
+        phase: Phase,
+        args: &BenchArgs,
+        info: &MockInfo,
+    ) -> Vec<(String, String)> {
+        let name = phase.name();
+        let upper = name.to_ascii_uppercase();
+        let mut extra: Vec<(String, String)> = vec![
+            (
+                "PUSHPACE__SENDER__MAX_IN_FLIGHT".into(),
+                self.max_in_flight.to_string(),
+            ),
+            ("PUSHPACE__SENDER__DEFAULT_PROVIDER".into(), name.into()),
+            // No provider cap (FCM's default is its quota, 10,000/s).
+            (
+                format!("PUSHPACE__PROVIDERS__{upper}__MAX_RATE"),
+                "0".into(),
+            ),
+            (
+                format!("PUSHPACE__PROVIDERS__{upper}__MAX_IN_FLIGHT"),
+                self.max_in_flight.to_string(),
+            ),
+        ];
+        if let Some(n) = args.provider_connections {
+            if phase != Phase::Webpush {
+                let key = format!("PUSHPACE__PROVIDERS__{upper}__CONNECTIONS");
+                extra.push((key, n.to_string()));
+            }
+        }
+        for (k, v) in &info.settings {
+            let key = format!("PUSHPACE__PROVIDERS__{upper}__{}", k.to_ascii_uppercase());
+            extra.push((key, v.clone()));
+        }
+        extra
     }
 
     /// `pushpace mock <name>` on a free port; waits for its `provider.json`.

@@ -6,14 +6,15 @@
 use super::feed::Feeder;
 use super::{plan_campaigns, progress_bar, start_api, summary_table, DemoArgs, DemoError, DemoRow};
 use crate::config::Settings;
-use crate::tools::mock::apns::{ApnsMock, MockApnsConfig};
-use crate::tools::mock::tls::TestCa;
-use crate::tools::produce::TokenStyle;
+use crate::limiter::Algorithm;
 use crate::provider::build::build_one;
 use crate::provider::settings::{
     ApnsEnvironment, ApnsSpec, CommonSpec, NamedProvider, ProviderSpec,
 };
 use crate::provider::Providers;
+use crate::tools::mock::apns::{ApnsMock, MockApnsConfig};
+use crate::tools::mock::tls::TestCa;
+use crate::tools::produce::{PlannedCampaign, TokenStyle};
 use crate::worker::Worker;
 use secrecy::SecretString;
 use std::collections::HashMap;
@@ -87,19 +88,45 @@ pub(super) async fn run(
     if let Some(app) = &api {
         println!("dashboard: {}/", app.url());
     }
+    let deadline = Duration::from_secs(args.sized_seconds() * 3 + 30);
+    let seen = follow(&mock, &plan.campaigns, &mut feeder, deadline).await?;
+    if let Some(app) = api {
+        let _ = app.stop().await;
+    }
+    worker.shutdown().await?;
+
+    let rows: Vec<DemoRow> = plan
+        .campaigns
+        .iter()
+        .zip(algorithms)
+        .zip(&seen)
+        .map(|((c, algorithm), s)| demo_row(c, algorithm, s))
+        .collect();
+    println!("\n{}", summary_table(&rows));
+    println!("(the first campaign's one lost device is the dead token)");
+    print_answers(&mock, &pool, &dead).await;
+    Ok(rows)
+}
+
+/// Prints each campaign's progress once a second, from what the mock accepted, and
+/// tops the feed up, until every deliverable device arrived or `deadline` passed.
+async fn follow(
+    mock: &ApnsMock,
+    campaigns: &[PlannedCampaign],
+    feeder: &mut Feeder,
+    deadline: Duration,
+) -> Result<Vec<Seen>, DemoError> {
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(args.sized_seconds() * 3 + 30);
     // Every device but the dead one is deliverable.
-    let total = plan.total_devices() as u64 - 1;
-    let mut seen = vec![Seen::default(); plan.campaigns.len()];
+    let total = campaigns.iter().map(|c| c.devices as u64).sum::<u64>() - 1;
+    let mut seen = vec![Seen::default(); campaigns.len()];
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
     loop {
         tick.tick().await;
         let now = Instant::now();
-        let counts = per_campaign(&mock, plan.campaigns.len());
-        let by_id: HashMap<&str, u64> = plan
-            .campaigns
+        let counts = per_campaign(mock, campaigns.len());
+        let by_id: HashMap<&str, u64> = campaigns
             .iter()
             .zip(&counts)
             .map(|(c, n)| (c.id.as_str(), n.0))
@@ -108,9 +135,7 @@ pub(super) async fn run(
             .top_up(|id| by_id.get(id).copied().unwrap_or(0))
             .await?;
         let mut out = format!("t={:>3}s", started.elapsed().as_secs());
-        for (i, c) in plan.campaigns.iter().enumerate() {
-            let (distinct, duplicates) = counts[i];
-            let s = &mut seen[i];
+        for ((c, s), &(distinct, duplicates)) in campaigns.iter().zip(&mut seen).zip(&counts) {
             let last_1s = distinct.saturating_sub(s.distinct);
             if last_1s > 0 {
                 if s.first.is_none() {
@@ -133,51 +158,37 @@ pub(super) async fn run(
         }
         println!("{out}");
         let done: u64 = seen.iter().map(|s| s.distinct).sum();
-        if done >= total || now >= deadline {
-            break;
+        if done >= total || started.elapsed() >= deadline {
+            return Ok(seen);
         }
     }
-    if let Some(app) = api {
-        let _ = app.stop().await;
-    }
-    worker.shutdown().await?;
+}
 
-    let rows: Vec<DemoRow> = plan
-        .campaigns
-        .iter()
-        .zip(algorithms)
-        .zip(&seen)
-        .map(|((c, algorithm), s)| {
-            // Between the first and the last tick that saw sends (ticks are 1 s apart;
-            // what came before the first tick is left out of the rate).
-            let span = match (s.first, s.last) {
-                (Some(a), Some(b)) => (b - a).as_secs_f64(),
-                _ => 0.0,
-            };
-            let between = s.distinct - s.first_count;
-            DemoRow {
-                campaign: c.id.clone(),
-                algorithm,
-                target: c.send_rate.as_f64(),
-                devices: c.devices as u64,
-                delivered_distinct: s.distinct,
-                duplicates: s.duplicates,
-                mean_rate: if span > 0.0 {
-                    between as f64 / span
-                } else {
-                    0.0
-                },
-                max_1s: s.max_1s,
-                duration_s: span,
-                dropped_by_broker: 0,
-                unsent: 0,
-            }
-        })
-        .collect();
-    println!("\n{}", summary_table(&rows));
-    println!("(the first campaign's one lost device is the dead token)");
-    print_answers(&mock, &pool, &dead).await;
-    Ok(rows)
+/// One campaign's summary row. The rate is taken between the first and the last tick
+/// that saw sends (ticks are 1 s apart; what came before the first tick is left out).
+fn demo_row(c: &PlannedCampaign, algorithm: Algorithm, s: &Seen) -> DemoRow {
+    let span = match (s.first, s.last) {
+        (Some(a), Some(b)) => (b - a).as_secs_f64(),
+        _ => 0.0,
+    };
+    let between = s.distinct - s.first_count;
+    DemoRow {
+        campaign: c.id.clone(),
+        algorithm,
+        target: c.send_rate.as_f64(),
+        devices: c.devices as u64,
+        delivered_distinct: s.distinct,
+        duplicates: s.duplicates,
+        mean_rate: if span > 0.0 {
+            between as f64 / span
+        } else {
+            0.0
+        },
+        max_1s: s.max_1s,
+        duration_s: span,
+        dropped_by_broker: 0,
+        unsent: 0,
+    }
 }
 
 /// The provider the worker sends through: the mock's URL, CA and key.

@@ -6,10 +6,10 @@
 //! subscription's own private key and auth secret (RFC 8291), as the browser would, and
 //! keeps the plaintext, so tests compare what a browser would show with what was sent.
 
-use crate::tools::mock::h2server::{Handler, Knobs, MockServer};
-use crate::tools::mock::tls::TestCa;
 use crate::provider::webpush::subscription::B64URL;
 use crate::provider::webpush::{ece, vapid};
+use crate::tools::mock::h2server::{Handler, Knobs, MockServer};
+use crate::tools::mock::tls::TestCa;
 use aes_gcm::aead::OsRng;
 use base64::Engine;
 use bytes::Bytes;

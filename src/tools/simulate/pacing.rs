@@ -6,11 +6,11 @@
 //! `pacing-1000` bench phase judges them. No broker, no database, no other load: an
 //! error seen here is the algorithm's.
 
-use crate::tools::bench::{long_tail_rates, pacing_1000_figures, Pacing1000Result};
 use crate::job::Job;
 use crate::limiter::{Algorithm, Nanos, Rate, NANOS_PER_SEC};
 use crate::sender::{AnySender, NullSender};
 use crate::stats::StatsRecorder;
+use crate::tools::bench::{long_tail_rates, pacing_1000_figures, Pacing1000Result};
 use crate::worker::scheduler::{CampaignSettings, IncomingJob, Scheduler, SchedulerConfig};
 use std::collections::HashMap;
 

@@ -78,20 +78,47 @@ impl Scheduler {
             outcome,
             latency_ns,
         } = done;
-        let Some(job) = self.jobs[slot as usize].as_mut() else {
+        let Some(cslot) = self.release_in_flight(slot, &outcome, latency_ns, now) else {
             return;
         };
+        let retry = (slot, device, attempt, first_failed);
+        if self.apply_answer(cslot, retry, outcome, now, unix_sec) {
+            self.finish_device(slot, device);
+        }
+        self.after_ended_answer(slot, now, unix_sec);
+        // Room in flight, a retry to schedule: its next turn has something to look at,
+        // unless its limiter named a later instant (it sleeps until then, and a retry
+        // needs a permit too): a slow campaign would otherwise take two turns per send.
+        let limited = self.campaigns[cslot as usize]
+            .as_ref()
+            .and_then(|c| c.next_at)
+            .is_some_and(|t| t > now);
+        if !limited {
+            self.mark_ready(cslot);
+        }
+        self.settle_mismatches_if_idle(cslot, now, unix_sec);
+        self.check_revoke_done();
+    }
+
+    /// Takes an answered send out of the in-flight counts (job, provider, pool,
+    /// campaign) and feeds its provider's lane; returns the campaign's slot, or `None`
+    /// for a job that is gone.
+    fn release_in_flight(
+        &mut self,
+        slot: u32,
+        outcome: &SendOutcome,
+        latency_ns: u64,
+        now: Nanos,
+    ) -> Option<u32> {
+        let job = self.jobs[slot as usize].as_mut()?;
         job.in_flight -= 1;
         let cslot = job.campaign;
-        if let Some(n) = self
-            .provider_in_flight
-            .get_mut(usize::from(job.job.provider_slot))
-        {
+        let provider = job.job.provider_slot;
+        if let Some(n) = self.provider_in_flight.get_mut(usize::from(provider)) {
             *n = n.saturating_sub(1);
         }
         self.in_flight -= 1;
-        let provider = job.job.provider_slot;
-        self.lane_answer(provider, &outcome, latency_ns, now);
+        self.lane_answer(provider, outcome, latency_ns, now);
         let c = self.campaigns[cslot as usize]
             .as_mut()
             .expect("campaign of job");
@@ -104,11 +131,25 @@ impl Scheduler {
         ) {
             c.confirmed = true;
         }
-        let retry = (slot, device, attempt, first_failed);
-        let finished_device = match outcome {
+        Some(cslot)
+    }
+
+    /// Acts on one answer's class; returns whether the device is finished.
+    fn apply_answer(
+        &mut self,
+        cslot: u32,
+        retry: (u32, u32, u32, Nanos),
+        outcome: SendOutcome,
+        now: Nanos,
+        unix_sec: u64,
+    ) -> bool {
+        let (slot, device, _, _) = retry;
+        match outcome {
             SendOutcome::Delivered => {
-                c.counter.record(unix_sec, Outcome::Sent, 1);
-                c.sent += 1;
+                if let Some(c) = self.campaigns[cslot as usize].as_mut() {
+                    c.counter.record(unix_sec, Outcome::Sent, 1);
+                    c.sent += 1;
+                }
                 self.counters.delivered += 1;
                 self.count_answer(cslot, false);
                 true
@@ -142,23 +183,7 @@ impl Scheduler {
                 self.hold_for_resume(retry, now);
                 false
             }
-        };
-        if finished_device {
-            self.finish_device(slot, device);
         }
-        self.after_ended_answer(slot, now, unix_sec);
-        // Room in flight, a retry to schedule: its next turn has something to look at,
-        // unless its limiter named a later instant (it sleeps until then, and a retry
-        // needs a permit too): a slow campaign would otherwise take two turns per send.
-        let limited = self.campaigns[cslot as usize]
-            .as_ref()
-            .and_then(|c| c.next_at)
-            .is_some_and(|t| t > now);
-        if !limited {
-            self.mark_ready(cslot);
-        }
-        self.settle_mismatches_if_idle(cslot, now, unix_sec);
-        self.check_revoke_done();
     }
 
     fn finish_device(&mut self, slot: u32, device: u32) {

@@ -64,12 +64,11 @@ impl Scheduler {
             dispatched,
         } = incoming;
         self.now_hint = self.now_hint.max(now);
-        let total = job.devices.len() as u32;
-        let campaign_id: Arc<str> = Arc::from(job.campaign_id.as_str());
         if self.is_revoking(partition) {
             // Revoked before it arrived: its next owner reads it again.
             return;
         }
+        let campaign_id: Arc<str> = Arc::from(job.campaign_id.as_str());
         let settings = self
             .known
             .get(&campaign_id)
@@ -78,7 +77,49 @@ impl Scheduler {
         self.known
             .insert(campaign_id.clone(), (settings.clone(), now));
         let cslot = self.campaign_slot(settings, job.provider_slot);
+        let mut active =
+            self.new_active_job(job, cslot, (partition, offset), already_done, dispatched);
+        self.skip_at_intake(
+            &mut active,
+            cslot,
+            [&skip_done, &skip_invalid, &skip_capped],
+        );
+        if active.done_count == active.total() {
+            // Finished in an earlier run: nothing to send.
+            let _ = self.events.send(Event::JobFinished {
+                partition,
+                offset,
+                devices: active.total(),
+                progress: active.progress,
+            });
+            self.release_campaign_if_idle(cslot);
+            return;
+        }
+        let stated = active.job.lifecycle.campaign_total_devices;
+        let slot = match self.free_jobs.pop() {
+            Some(s) => {
+                self.jobs[s as usize] = Some(active);
+                s
+            }
+            None => {
+                self.jobs.push(Some(active));
+                (self.jobs.len() - 1) as u32
+            }
+        };
+        self.queue_job(cslot, slot, now);
+        self.open_job(cslot, stated, now);
+    }
 
+    /// A job's scheduler state, with its first `already_done` devices finished.
+    fn new_active_job(
+        &mut self,
+        job: Arc<Job>,
+        cslot: u32,
+        (partition, offset): (i32, i64),
+        already_done: u32,
+        dispatched: Arc<AtomicU32>,
+    ) -> ActiveJob {
+        let total = job.devices.len() as u32;
         let progress = self.stats.track_job(JobKey {
             job_id: job.job_id.clone(),
             campaign_id: job.campaign_id.clone(),
@@ -106,9 +147,16 @@ impl Scheduler {
         for i in 0..already_done {
             active.mark_done(i);
         }
+        active
+    }
+
+    /// Marks the devices intake found finished before, gone (invalid) or capped as done
+    /// ahead of the cursor, and counts the last two.
+    fn skip_at_intake(&mut self, active: &mut ActiveJob, cslot: u32, lists: [&[u32]; 3]) {
+        let (start, total) = (active.next, active.total());
         let mut skip = |list: &[u32]| {
             let mut skipped = 0u32;
-            for &i in list.iter().filter(|&&i| i >= already_done && i < total) {
+            for &i in list.iter().filter(|&&i| i >= start && i < total) {
                 if !active.is_done(i) {
                     active.mark_done(i);
                     active.done_ahead += 1;
@@ -118,9 +166,9 @@ impl Scheduler {
             skipped
         };
         // Finished before: done, but not skipped now (no count, no skipped_invalid).
-        let _ = skip(&skip_done);
-        let skipped = skip(&skip_invalid);
-        let capped = skip(&skip_capped);
+        let _ = skip(lists[0]);
+        let skipped = skip(lists[1]);
+        let capped = skip(lists[2]);
         for (n, outcome) in [
             (skipped, Outcome::SkippedInvalid),
             (capped, Outcome::Capped),
@@ -135,36 +183,16 @@ impl Scheduler {
         self.skipped_total.increment(u64::from(skipped));
         self.counters.capped += u64::from(capped);
         self.capped_total.increment(u64::from(capped));
-        if active.done_count == total {
-            // Finished in an earlier run: nothing to send.
-            let _ = self.events.send(Event::JobFinished {
-                partition,
-                offset,
-                devices: total,
-                progress: active.progress,
-            });
-            self.release_campaign_if_idle(cslot);
-            return;
-        }
-        let slot = match self.free_jobs.pop() {
-            Some(s) => {
-                self.jobs[s as usize] = Some(active);
-                s
-            }
-            None => {
-                self.jobs.push(Some(active));
-                (self.jobs.len() - 1) as u32
-            }
-        };
-        let stated = self.jobs[slot as usize]
-            .as_ref()
-            .and_then(|j| j.job.lifecycle.campaign_total_devices);
-        self.queue_job(cslot, slot, now);
+    }
+
+    /// Counts a queued job against its campaign and makes the campaign active (or
+    /// waiting for room); a cancelled campaign's job is finished at once.
+    fn open_job(&mut self, cslot: u32, stated_total: Option<u64>, now: Nanos) {
         let c = self.campaigns[cslot as usize]
             .as_mut()
             .expect("campaign slot");
         c.open_jobs += 1;
-        if let Some(n) = stated {
+        if let Some(n) = stated_total {
             c.total_devices = Some(c.total_devices.map_or(n, |t| t.max(n)));
         }
         if c.settings.cancelled {
@@ -172,9 +200,6 @@ impl Scheduler {
             self.cancel_campaign(cslot, now);
             return;
         }
-        let c = self.campaigns[cslot as usize]
-            .as_mut()
-            .expect("campaign slot");
         if !c.active && !self.waiting.contains(&cslot) {
             if self.active.len() < self.config.max_active_campaigns {
                 self.activate(cslot);

@@ -46,6 +46,8 @@ impl Scheduler {
         }
     }
 
+    /// One campaign's turn: as many permits as it has work and room for, retries first.
+    /// Returns when it next wants a turn, if it knows.
     pub(super) fn turn(
         &mut self,
         slot: u32,
@@ -53,48 +55,62 @@ impl Scheduler {
         now: Nanos,
         unix_sec: u64,
     ) -> Option<Nanos> {
-        let room_total = self.config.max_in_flight.saturating_sub(self.in_flight) as u32;
+        let (want, mut wake) = match self.turn_want(slot, share, now, unix_sec) {
+            Ok(w) => w,
+            Err(wake) => return wake,
+        };
+        if want == 0 {
+            return wake;
+        }
+        let quantum_min = self.config.quantum_min.as_nanos() as Nanos;
+        let c = self.campaigns[slot as usize].as_mut()?;
+        let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, now, quantum_min);
+        c.next_at = grant.next_at;
+        if let Some(t) = c.next_at {
+            self.limiter_wait
+                .record((t - now) as f64 / NANOS_PER_SEC as f64);
+            wake = Some(wake.map_or(t, |w| w.min(t)));
+        }
+        let left = self.send_due_retries(slot, grant.granted, now, unix_sec);
+        self.send_queued(slot, left, now, unix_sec);
+        wake
+    }
+
+    /// How many permits the turn asks for, and the campaign's next retry instant; or,
+    /// as `Err`, the wake to return when the campaign may not send now.
+    fn turn_want(
+        &mut self,
+        slot: u32,
+        share: u32,
+        now: Nanos,
+        unix_sec: u64,
+    ) -> Result<(u32, Option<Nanos>), Option<Nanos>> {
         let (may_send, gate_wake) = self.lifecycle_gate(slot, now, unix_sec);
         if !may_send {
-            return gate_wake;
+            return Err(gate_wake);
         }
-        let c = self.campaigns[slot as usize].as_mut()?;
+        let Some(c) = self.campaigns[slot as usize].as_ref() else {
+            return Err(None);
+        };
         if c.settings.paused || c.settings.halted || c.halt.is_some() {
-            return None;
+            return Err(None);
         }
-        if let Some(t) = c.next_at {
-            if t > now {
-                return Some(t);
-            }
+        if let Some(t) = c.next_at.filter(|&t| t > now) {
+            return Err(Some(t));
         }
+        if let Some(until) = self.lane_paused(c.provider, now) {
+            // The provider asked for a pause: nothing until then, in-flight sends finish.
+            return Err(Some(until));
+        }
+        let room = self.turn_room(slot, share);
+        let Some(c) = self.campaigns[slot as usize].as_ref() else {
+            return Err(None);
+        };
         let ready_retries = c
             .retries
             .iter()
             .filter(|Reverse(r)| r.not_before <= now)
             .count() as u32;
-        // Its share of max_in_flight, or more while half the pool sits idle: the share
-        // only has to stop one slow campaign from starving the others.
-        let cap = share.max(room_total / 2);
-        let lane = c.provider;
-        if let Some(until) = self.lane_paused(lane, now) {
-            // The provider asked for a pause: nothing until then, in-flight sends finish.
-            return Some(until);
-        }
-        let c = self.campaigns[slot as usize].as_mut()?;
-        let provider = usize::from(c.provider);
-        let provider_room = self
-            .provider_max_in_flight
-            .get(provider)
-            .map_or(u32::MAX, |&max| {
-                max.saturating_sub(self.provider_in_flight[provider])
-            });
-        let mut room = cap
-            .saturating_sub(c.in_flight)
-            .min(room_total)
-            .min(provider_room);
-        if !c.confirmed {
-            room = room.min(PROBE_IN_FLIGHT.saturating_sub(c.in_flight));
-        }
         // Work across job boundaries up to the room: were `want` cut at the end of a job,
         // the limiter would grant all of it and name no next instant, and the permits due
         // until the next turn would be lost (the turn goes on to the next job itself).
@@ -107,28 +123,49 @@ impl Scheduler {
                 undispatched = undispatched.saturating_add(job.total() - job.next - job.done_ahead);
             }
         }
-        let want = (ready_retries + undispatched).min(room);
-        let mut wake = c
+        let wake = c
             .retries
             .peek()
             .map(|Reverse(r)| r.not_before)
             .filter(|&t| t > now);
-        if want == 0 {
-            return wake;
+        Ok(((ready_retries + undispatched).min(room), wake))
+    }
+
+    /// The sends a campaign may start now: its share of `max_in_flight` (or more while
+    /// half the pool sits idle: the share only has to stop one slow campaign from
+    /// starving the others), within the pool's and its provider's room, and within the
+    /// probe limit until its first answer.
+    fn turn_room(&self, slot: u32, share: u32) -> u32 {
+        let room_total = self.config.max_in_flight.saturating_sub(self.in_flight) as u32;
+        let Some(c) = self.campaigns[slot as usize].as_ref() else {
+            return 0;
+        };
+        let provider = usize::from(c.provider);
+        let provider_room = self
+            .provider_max_in_flight
+            .get(provider)
+            .map_or(u32::MAX, |&max| {
+                max.saturating_sub(self.provider_in_flight[provider])
+            });
+        let mut room = share
+            .max(room_total / 2)
+            .saturating_sub(c.in_flight)
+            .min(room_total)
+            .min(provider_room);
+        if !c.confirmed {
+            room = room.min(PROBE_IN_FLIGHT.saturating_sub(c.in_flight));
         }
-        let quantum_min = self.config.quantum_min.as_nanos() as Nanos;
-        let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, now, quantum_min);
-        let granted = grant.granted;
-        c.next_at = grant.next_at;
-        if let Some(t) = c.next_at {
-            self.limiter_wait
-                .record((t - now) as f64 / NANOS_PER_SEC as f64);
-            wake = Some(wake.map_or(t, |w| w.min(t)));
-        }
-        let mut left = granted;
-        // Retries first: they are the oldest work.
+        room
+    }
+
+    /// Spends up to `permits` on the campaign's retries that are due (the oldest work);
+    /// returns the permits left.
+    fn send_due_retries(&mut self, slot: u32, permits: u32, now: Nanos, unix_sec: u64) -> u32 {
+        let mut left = permits;
         while left > 0 {
-            let c = self.campaigns[slot as usize].as_mut()?;
+            let Some(c) = self.campaigns[slot as usize].as_mut() else {
+                return 0;
+            };
             if c.halt.is_some() {
                 break;
             }
@@ -148,8 +185,16 @@ impl Scheduler {
                 _ => break,
             }
         }
+        left
+    }
+
+    /// Spends up to `permits` on the next devices of the campaign's queued jobs.
+    fn send_queued(&mut self, slot: u32, permits: u32, now: Nanos, unix_sec: u64) {
+        let mut left = permits;
         while left > 0 {
-            let c = self.campaigns[slot as usize].as_mut()?;
+            let Some(c) = self.campaigns[slot as usize].as_mut() else {
+                return;
+            };
             if c.halt.is_some() {
                 break;
             }
@@ -174,23 +219,42 @@ impl Scheduler {
                 // Skipped at intake: no send, and its permit goes to the next device.
                 continue;
             }
-            if let Some(cap) = self.capping.as_mut() {
-                if cap.check(&job.job.devices[device as usize], now) == CapDecision::Capped {
-                    // A policy outcome: finished without a send; the permit is kept.
-                    c.counter.record(unix_sec, Outcome::Capped, 1);
-                    self.counters.capped += 1;
-                    self.capped_total.increment(1);
-                    job.mark_done(device);
-                    if job.done_count == job.total() {
-                        self.finish_job(jslot);
-                    }
-                    continue;
-                }
+            if self.capped_at_send(slot, jslot, device, now, unix_sec) {
+                // A policy outcome: finished without a send; the permit is kept.
+                continue;
             }
             self.dispatch(slot, jslot, device, (0, 0), now, unix_sec);
             left -= 1;
         }
-        wake
+    }
+
+    /// The local frequency cap's decision for one device; a capped device is finished
+    /// without a send.
+    fn capped_at_send(
+        &mut self,
+        slot: u32,
+        jslot: u32,
+        device: u32,
+        now: Nanos,
+        unix_sec: u64,
+    ) -> bool {
+        let Some(cap) = self.capping.as_mut() else {
+            return false;
+        };
+        let job = self.jobs[jslot as usize].as_mut().expect("queued job");
+        if cap.check(&job.job.devices[device as usize], now) != CapDecision::Capped {
+            return false;
+        }
+        if let Some(c) = self.campaigns[slot as usize].as_ref() {
+            c.counter.record(unix_sec, Outcome::Capped, 1);
+        }
+        self.counters.capped += 1;
+        self.capped_total.increment(1);
+        job.mark_done(device);
+        if job.done_count == job.total() {
+            self.finish_job(jslot);
+        }
+        true
     }
 
     pub(super) fn dispatch(

@@ -14,8 +14,8 @@ use pushpace::job::{
 };
 use pushpace::limiter::{Algorithm, Rate};
 use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::store::DeadLetterKind;
+use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::worker::Worker;
 use serde_json::json;
 use serde_json::value::RawValue;

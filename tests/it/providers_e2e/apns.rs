@@ -2,12 +2,12 @@
 //! and its resume, and GOAWAYs mid-campaign.
 
 use super::{campaign, job, wait_until, Env, DB_WRITE, GROUP_JOIN};
-use pushpace::tools::mock::apns::{ApnsMock, MockApnsConfig};
-use pushpace::tools::mock::tls::TestCa;
 use pushpace::provider::apns::ApnsSender;
 use pushpace::provider::settings::{ApnsEnvironment, ApnsSpec, CommonSpec};
 use pushpace::provider::ProviderKind;
 use pushpace::store::campaigns::{set_status, CampaignStatus};
+use pushpace::tools::mock::apns::{ApnsMock, MockApnsConfig};
+use pushpace::tools::mock::tls::TestCa;
 use secrecy::SecretString;
 use serde_json::{json, Value};
 use std::time::Duration;
