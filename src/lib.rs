@@ -20,6 +20,7 @@
 //! - [`config`]: layered settings (config/base.toml, config/<env>.toml, `PUSHPACE__*`, flags).
 //! - [`telemetry`]: tracing subscriber set-up.
 //! - [`worker`]: the daemon: consumer → scheduler → sender → stats, and its shutdown.
+//! - [`redis_link`]: the Redis connection the leases and the shared cap keep, and its errors.
 //! - [`distributed`]: `limiter.scope = "redis"`: campaign rates shared by several workers
 //!   through Redis leases, with a local fallback.
 //! - [`shutdown`]: the broadcast shutdown signal and completion wait.
@@ -41,6 +42,7 @@ pub mod job;
 pub mod limiter;
 pub mod metrics;
 pub mod provider;
+pub mod redis_link;
 pub mod sender;
 pub mod shutdown;
 pub mod startup;

@@ -53,18 +53,16 @@ pub enum CapError {
     BadWindow,
     #[error("expected_devices must be 1–1,000,000,000, got {0}")]
     BadDevices(u64),
-    #[error("redis.url: {0}")]
-    Url(#[source] redis::RedisError),
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    #[error("redis: not connected")]
-    NotConnected,
-    #[error("redis: no answer within {0:?}")]
-    Timeout(std::time::Duration),
+    #[error(transparent)]
+    Link(#[from] crate::redis_link::LinkError),
     #[error("the cap script answered an unknown position {0}")]
     BadAnswer(usize),
-    #[error("the Redis-backed cap needs a Tokio runtime")]
-    NoRuntime,
+}
+
+impl From<redis::RedisError> for CapError {
+    fn from(e: redis::RedisError) -> Self {
+        CapError::Link(e.into())
+    }
 }
 
 /// What to do with one device's send.

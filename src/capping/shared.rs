@@ -46,8 +46,8 @@
 
 use super::{CapConfig, CapError};
 use crate::hygiene::token_hash;
+use crate::redis_link::{self, RedisLink};
 use parking_lot::Mutex;
-use redis::aio::ConnectionManager;
 use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
@@ -172,7 +172,7 @@ struct Inner {
     base: String,
     window_ms: u64,
     ttl_ms: u64,
-    conn: Mutex<Option<ConnectionManager>>,
+    link: RedisLink,
     counters: Counters,
     outage_logged: AtomicBool,
     releases: Mutex<Vec<(DeviceKey, i64)>>,
@@ -246,14 +246,13 @@ impl SharedCap {
         if window_ms == 0 {
             return Err(CapError::BadWindow);
         }
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| CapError::NoRuntime)?;
-        let client = redis::Client::open(config.url.expose_secret()).map_err(CapError::Url)?;
+        let (runtime, client) = RedisLink::open(config.url.expose_secret())?;
         let inner = Arc::new(Inner {
             base: format!("{}:cap:", config.key_prefix),
             window_ms,
             ttl_ms: window_ms + TTL_MARGIN.as_millis() as u64,
+            link: RedisLink::new(config.timeout),
             config,
-            conn: Mutex::new(None),
             counters: Counters::default(),
             outage_logged: AtomicBool::new(false),
             releases: Mutex::new(Vec::new()),
@@ -266,7 +265,7 @@ impl SharedCap {
 
     /// Whether a connection has been made (it reconnects by itself afterwards).
     pub fn is_connected(&self) -> bool {
-        self.inner.conn.lock().is_some()
+        self.inner.link.is_connected()
     }
 
     pub fn stats(&self) -> SharedCapStats {
@@ -378,26 +377,22 @@ impl SharedCap {
 }
 
 impl Inner {
-    fn connection(&self) -> Option<ConnectionManager> {
-        self.conn.lock().clone()
-    }
-
     /// One script call, bounded by the timeout.
     async fn call<T: redis::FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, CapError> {
-        self.counters.round_trips.fetch_add(1, Relaxed);
-        metrics::counter!("capping_redis_round_trips_total").increment(1);
-        let result = async {
-            let mut conn = self.connection().ok_or(CapError::NotConnected)?;
-            let limit = self.config.timeout;
-            tokio::time::timeout(limit, invocation.invoke_async(&mut conn))
-                .await
-                .map_err(|_| CapError::Timeout(limit))?
-                .map_err(CapError::Redis)
-        }
-        .await;
+        let result = self
+            .link
+            .call(|mut conn| async move {
+                self.counters.round_trips.fetch_add(1, Relaxed);
+                metrics::counter!("capping_redis_round_trips_total").increment(1);
+                invocation
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(CapError::from)
+            })
+            .await;
         if result.is_err() {
             self.counters.failures.fetch_add(1, Relaxed);
         }
@@ -477,15 +472,12 @@ async fn release_loop(inner: Weak<Inner>) {
 /// Makes the first connection, retrying until Redis answers; the connection manager
 /// reconnects by itself after that.
 async fn connect(inner: Weak<Inner>, client: redis::Client) {
-    crate::distributed::connect_until_up(
+    redis_link::connect_until_up(
         inner,
         client,
-        |i| i.config.timeout,
-        |i, conn| *i.conn.lock() = Some(conn),
-        |i, error, timeout| match error {
-            Some(e) => i.outage(&CapError::Redis(e)),
-            None => i.outage(&CapError::Timeout(timeout)),
-        },
+        |i| &i.link,
+        |_| {},
+        |i, e| i.outage(&CapError::Link(e)),
     )
     .await;
 }

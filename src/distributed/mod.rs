@@ -34,8 +34,7 @@ pub use scope::ScopedLimiters;
 use crate::config::Settings;
 use crate::limiter::factory::LimiterFactory;
 use crate::limiter::{Algorithm, Clock, DynLimiter, Rate};
-use parking_lot::Mutex;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use crate::redis_link::{self, RedisLink};
 use secrecy::{ExposeSecret, SecretString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
@@ -51,20 +50,8 @@ pub enum RedisAlgorithm {
     RedisSlidingWindow,
 }
 
-/// Errors of the distributed mode.
-#[derive(Debug, thiserror::Error)]
-pub enum DistributedError {
-    #[error("redis.url: {0}")]
-    Url(#[source] redis::RedisError),
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    #[error("redis: not connected")]
-    NotConnected,
-    #[error("redis: no answer within {0:?}")]
-    Timeout(Duration),
-    #[error("the distributed limiters need a Tokio runtime")]
-    NoRuntime,
-}
+/// Errors of the distributed mode: all of them are Redis's.
+pub use crate::redis_link::LinkError as DistributedError;
 
 /// One answer of a lease script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +110,7 @@ pub struct RedisLimiterFactory {
 
 pub(crate) struct Inner {
     pub(crate) config: RedisConfig,
-    conn: Mutex<Option<ConnectionManager>>,
+    link: RedisLink,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) runtime: tokio::runtime::Handle,
     round_trips: AtomicU64,
@@ -140,14 +127,11 @@ impl RedisLimiterFactory {
         config: RedisConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<RedisLimiterFactory, DistributedError> {
-        let runtime =
-            tokio::runtime::Handle::try_current().map_err(|_| DistributedError::NoRuntime)?;
-        let client =
-            redis::Client::open(config.url.expose_secret()).map_err(DistributedError::Url)?;
+        let (runtime, client) = RedisLink::open(config.url.expose_secret())?;
         let inner = Arc::new(Inner {
             membership: Membership::new(config.workers_estimate),
+            link: RedisLink::new(config.connect_timeout),
             config,
-            conn: Mutex::new(None),
             clock,
             runtime,
             round_trips: AtomicU64::new(0),
@@ -173,7 +157,7 @@ impl RedisLimiterFactory {
 
     /// Whether a connection to Redis has been made (it reconnects by itself afterwards).
     pub fn is_connected(&self) -> bool {
-        self.inner.conn.lock().is_some()
+        self.inner.link.is_connected()
     }
 
     /// Follows the consumer group's live members, for [`Self::workers`]; see
@@ -212,10 +196,6 @@ impl LimiterFactory for RedisLimiterFactory {
 }
 
 impl Inner {
-    fn connection(&self) -> Option<ConnectionManager> {
-        self.conn.lock().clone()
-    }
-
     /// One lease script call, bounded by the connect timeout.
     pub(crate) async fn lease(
         &self,
@@ -224,23 +204,22 @@ impl Inner {
         burst: u32,
         n: u32,
     ) -> Result<LeaseAnswer, DistributedError> {
-        let mut conn = self.connection().ok_or(DistributedError::NotConnected)?;
-        self.round_trips.fetch_add(1, Relaxed);
-        metrics::counter!("redis_round_trips_total").increment(1);
-        let limit = self.config.connect_timeout;
-        let call = async {
-            match self.config.algorithm {
-                RedisAlgorithm::RedisGcra => {
-                    redis_gcra::lease(&mut conn, key, rate, burst, n, 2 * self.config.lease).await
+        let lease = 2 * self.config.lease;
+        self.link
+            .call(|mut conn| async move {
+                // Counted once connected: every EVALSHA sent, granted or not.
+                self.round_trips.fetch_add(1, Relaxed);
+                metrics::counter!("redis_round_trips_total").increment(1);
+                match self.config.algorithm {
+                    RedisAlgorithm::RedisGcra => {
+                        redis_gcra::lease(&mut conn, key, rate, burst, n, lease).await
+                    }
+                    RedisAlgorithm::RedisSlidingWindow => {
+                        redis_sliding_window::lease(&mut conn, key, rate, burst, n).await
+                    }
                 }
-                RedisAlgorithm::RedisSlidingWindow => {
-                    redis_sliding_window::lease(&mut conn, key, rate, burst, n).await
-                }
-            }
-        };
-        tokio::time::timeout(limit, call)
+            })
             .await
-            .map_err(|_| DistributedError::Timeout(limit))?
     }
 
     /// The key of a campaign for the configured algorithm.
@@ -275,52 +254,12 @@ impl Inner {
 /// Makes the first connection, retrying until Redis answers; the connection manager
 /// reconnects by itself after that.
 async fn connect(inner: Weak<Inner>, client: redis::Client) {
-    connect_until_up(
+    redis_link::connect_until_up(
         inner,
         client,
-        |i| i.config.connect_timeout,
-        |i, conn| {
-            *i.conn.lock() = Some(conn);
-            i.recovered();
-        },
-        |i, error, timeout| match error {
-            Some(e) => i.outage(&DistributedError::Redis(e)),
-            None => i.outage(&DistributedError::Timeout(timeout)),
-        },
+        |i| &i.link,
+        |i| i.recovered(),
+        |i, e| i.outage(&e),
     )
     .await;
-}
-
-/// Opens a [`ConnectionManager`] for the owner behind `owner`, retrying every 500 ms until
-/// Redis answers or the owner is dropped. `failed` gets the error, or `None` when the
-/// attempt timed out. Shared by the limiter leases and the frequency cap, which keep
-/// their own connection and outage state.
-pub(crate) async fn connect_until_up<T>(
-    owner: Weak<T>,
-    client: redis::Client,
-    timeout_of: impl Fn(&T) -> Duration,
-    connected: impl Fn(&T, ConnectionManager),
-    failed: impl Fn(&T, Option<redis::RedisError>, Duration),
-) {
-    loop {
-        let Some(o) = owner.upgrade() else { return };
-        let timeout = timeout_of(&o);
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout)
-            .set_number_of_retries(1)
-            .set_max_delay(1000);
-        match tokio::time::timeout(
-            timeout,
-            ConnectionManager::new_with_config(client.clone(), config),
-        )
-        .await
-        {
-            Ok(Ok(conn)) => return connected(&o, conn),
-            Ok(Err(e)) => failed(&o, Some(e), timeout),
-            Err(_) => failed(&o, None, timeout),
-        }
-        drop(o);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
