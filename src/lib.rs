@@ -23,7 +23,7 @@
 //! - [`redis_link`]: the Redis connection the leases and the shared cap keep, and its errors.
 //! - [`distributed`]: `limiter.scope = "redis"`: campaign rates shared by several workers
 //!   through Redis leases, with a local fallback.
-//! - [`shutdown`]: the broadcast shutdown signal and completion wait.
+//! - [`shutdown`]: the worker's stop signal, one cancellation token in ordered phases.
 //! - [`api`]: the operator HTTP API and the live dashboard (axum).
 //! - [`metrics`]: the Prometheus recorder, the snapshot sampler and `sends_total`.
 //! - [`startup`]: builds and runs the HTTP application on `http.bind`.

@@ -1,86 +1,75 @@
-//! Shutdown, as mini-redis does it: a broadcast signal that every task listens to, and a
-//! completion wait (an mpsc whose senders the tasks hold; when all are dropped, all
-//! tasks are done).
+//! The worker's shutdown: one [`CancellationToken`] tree, cancelled a phase at a time so
+//! that nothing is lost, and a [`TaskTracker`] for the tasks of the first phase.
+//!
+//! The phases nest: `intake` is a child of `flush`, itself a child of the root. So
+//! cancelling one phase leaves the later ones running, and dropping [`Phases`] (a worker
+//! dropped without its shutdown, or one that failed to start) cancels them all.
 
-use tokio::sync::{broadcast, mpsc};
+use std::future::Future;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// Sends the shutdown signal and waits for every task holding a [`Shutdown`] to finish.
-pub struct ShutdownController {
-    notify: broadcast::Sender<()>,
-    done_tx: Option<mpsc::Sender<()>>,
-    done_rx: mpsc::Receiver<()>,
+/// The worker's stop signal, in the order its parts stop.
+pub struct Phases {
+    root: CancellationToken,
+    flush: CancellationToken,
+    intake: CancellationToken,
+    tasks: TaskTracker,
 }
 
-impl Default for ShutdownController {
+impl Default for Phases {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl ShutdownController {
+impl Phases {
     pub fn new() -> Self {
-        let (notify, _) = broadcast::channel(1);
-        let (done_tx, done_rx) = mpsc::channel(1);
+        let root = CancellationToken::new();
+        let flush = root.child_token();
+        let intake = flush.child_token();
         Self {
-            notify,
-            done_tx: Some(done_tx),
-            done_rx,
+            root,
+            flush,
+            intake,
+            tasks: TaskTracker::new(),
         }
     }
 
-    /// A listener for one task; the task holds it until it has finished.
-    pub fn subscribe(&self) -> Shutdown {
-        Shutdown {
-            notify: self.notify.subscribe(),
-            is_shutdown: false,
-            _done: self.done_tx.clone(),
-        }
+    /// First: fetching and dispatching stop (the consumer, the scheduler and the tasks
+    /// spawned with [`Phases::spawn`]).
+    pub fn intake(&self) -> &CancellationToken {
+        &self.intake
     }
 
-    /// Signals every task to stop.
-    pub fn trigger(&self) {
-        let _ = self.notify.send(());
+    /// Then the stats flusher makes its final flush.
+    pub fn flush(&self) -> &CancellationToken {
+        &self.flush
     }
 
-    /// Signals and waits until every [`Shutdown`] has been dropped.
-    pub async fn shutdown(mut self) {
-        self.trigger();
-        self.done_tx.take();
-        let _ = self.done_rx.recv().await;
+    /// Last: the campaign watcher.
+    pub fn root(&self) -> &CancellationToken {
+        &self.root
+    }
+
+    /// Spawns a task that ends on [`Phases::intake`], tracked for [`Phases::intake_done`].
+    pub fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(task)
+    }
+
+    /// Waits for every task spawned with [`Phases::spawn`].
+    pub async fn intake_done(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 }
 
-/// One task's view of the shutdown signal.
-pub struct Shutdown {
-    notify: broadcast::Receiver<()>,
-    is_shutdown: bool,
-    _done: Option<mpsc::Sender<()>>,
-}
-
-impl Shutdown {
-    pub fn is_shutdown(&self) -> bool {
-        self.is_shutdown
-    }
-
-    /// Polls without waiting (for loops on plain threads).
-    pub fn poll_now(&mut self) -> bool {
-        if !self.is_shutdown
-            && !matches!(
-                self.notify.try_recv(),
-                Err(broadcast::error::TryRecvError::Empty)
-            )
-        {
-            self.is_shutdown = true;
-        }
-        self.is_shutdown
-    }
-
-    /// Waits for the signal.
-    pub async fn recv(&mut self) {
-        if self.is_shutdown {
-            return;
-        }
-        let _ = self.notify.recv().await;
-        self.is_shutdown = true;
+impl Drop for Phases {
+    fn drop(&mut self) {
+        self.root.cancel();
     }
 }

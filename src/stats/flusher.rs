@@ -28,7 +28,6 @@ use super::counters::{StatsRecorder, OUTCOMES};
 use super::progress::{JobCell, Snapshot};
 use super::StatsError;
 use crate::store::flush::{self, FlushRows};
-use crate::store::listen::shutdown_requested;
 use crate::store::StoreError;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -36,8 +35,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{watch, Mutex};
+use tokio::sync::Mutex;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// How often and how patiently the flusher writes.
 #[derive(Debug, Clone)]
@@ -175,9 +175,9 @@ impl Flusher {
         }
     }
 
-    /// Flushes every `interval` until `shutdown` turns true (or its sender is dropped),
-    /// then makes a final flush, retrying for up to `final_flush_timeout`.
-    pub async fn run(&self, mut shutdown: watch::Receiver<bool>) -> Result<(), StatsError> {
+    /// Flushes every `interval` until `stop` is cancelled, then makes a final flush,
+    /// retrying for up to `final_flush_timeout`.
+    pub async fn run(&self, stop: CancellationToken) -> Result<(), StatsError> {
         let mut tick = tokio::time::interval(self.inner.config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -185,7 +185,7 @@ impl Flusher {
             // only leave the outcome in doubt.
             let stop = tokio::select! {
                 biased;
-                _ = shutdown_requested(&mut shutdown) => true,
+                _ = stop.cancelled() => true,
                 _ = tick.tick() => false,
             };
             if stop {
@@ -199,10 +199,10 @@ impl Flusher {
     /// Spawns [`Flusher::run`] on the current runtime.
     pub fn spawn(
         &self,
-        shutdown: watch::Receiver<bool>,
+        stop: CancellationToken,
     ) -> tokio::task::JoinHandle<Result<(), StatsError>> {
         let this = self.clone();
-        tokio::spawn(async move { this.run(shutdown).await })
+        tokio::spawn(async move { this.run(stop).await })
     }
 
     /// Drains everything now and writes it, ignoring the retry backoff (for shutdown and

@@ -30,6 +30,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// The NOTIFY channel the campaigns trigger publishes on.
 pub const CHANNEL: &str = "campaign_changed";
@@ -100,11 +101,11 @@ pub struct CampaignWatcher {
 
 impl CampaignWatcher {
     /// Loads every campaign (failing if that is impossible), then keeps them fresh until
-    /// `shutdown` turns true (or its sender is dropped) or the watcher is dropped.
+    /// `stop` is cancelled or the watcher is dropped.
     pub async fn start(
         pool: PgPool,
         config: WatcherConfig,
-        shutdown: watch::Receiver<bool>,
+        stop: CancellationToken,
     ) -> Result<Self, StoreError> {
         let read_at = server_now(&pool).await?;
         let all = campaigns::all(&pool).await?;
@@ -123,7 +124,7 @@ impl CampaignWatcher {
             last_full: Instant::now(),
             failing: false,
         };
-        let task = tokio::spawn(run(pool, config, shutdown, publisher));
+        let task = tokio::spawn(run(pool, config, stop, publisher));
         Ok(Self {
             snapshot,
             changes,
@@ -174,18 +175,6 @@ enum Event {
     Changed(String),
     /// The listener (re)connected: notifications may have been missed.
     Resync,
-}
-
-/// Resolves when `shutdown` is true or its sender is gone.
-pub(crate) async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
-    loop {
-        if *shutdown.borrow_and_update() {
-            return;
-        }
-        if shutdown.changed().await.is_err() {
-            return;
-        }
-    }
 }
 
 struct Publisher {
@@ -343,7 +332,7 @@ fn batch(first: Event, rx: &mut mpsc::Receiver<Event>) -> Option<Vec<String>> {
 async fn run(
     pool: PgPool,
     config: WatcherConfig,
-    mut shutdown: watch::Receiver<bool>,
+    stop: CancellationToken,
     mut publisher: Publisher,
 ) {
     let (tx, mut rx) = mpsc::channel(1024);
@@ -353,7 +342,7 @@ async fn run(
     refresh.tick().await; // the first tick is immediate; start() has just loaded
     loop {
         tokio::select! {
-            _ = shutdown_requested(&mut shutdown) => break,
+            _ = stop.cancelled() => break,
             event = rx.recv() => match event.map(|first| batch(first, &mut rx)) {
                 Some(Some(ids)) => publisher.reload_ids(ids).await,
                 Some(None) => publisher.reload_all().await,

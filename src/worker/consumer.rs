@@ -31,7 +31,6 @@ use super::scheduler::{CampaignSettings, Control, Event, IncomingJob, SchedulerS
 use crate::config::KafkaSettings;
 use crate::job::Job;
 use crate::limiter::Rate;
-use crate::shutdown::Shutdown;
 use crate::store::campaigns::CampaignDefaults;
 use crate::store::DeadLetterKind;
 use futures::FutureExt;
@@ -133,10 +132,11 @@ impl Drop for Running {
     }
 }
 
-/// Starts the consumer thread. It returns when shut down and everything is committed.
+/// Starts the consumer thread. It returns when `stop` is cancelled and everything is
+/// committed.
 pub fn spawn(
     params: ConsumerParams,
-    mut shutdown: Shutdown,
+    stop: tokio_util::sync::CancellationToken,
 ) -> Result<std::thread::JoinHandle<()>, crate::broker::BrokerError> {
     let state = Arc::new(Mutex::new(State {
         topic: params.kafka.topic.clone(),
@@ -202,7 +202,7 @@ pub fn spawn(
             // Timers built on this thread (timeouts in block_on) need the runtime's context.
             let _context = runtime.enter();
             let mut last_commit = Instant::now();
-            while !shutdown.poll_now() {
+            while !stop.is_cancelled() {
                 intake.step();
                 if last_commit.elapsed() >= commit_every {
                     intake.with_state(|s, c| s.commit(c, CommitMode::Async, false));

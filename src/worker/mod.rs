@@ -9,9 +9,12 @@
 //! - [`outcomes`]: dead letters, invalid tokens and committed offsets, written by one
 //!   task from a bounded queue.
 //!
-//! Shutdown order: the signal stops fetching and dispatching; the scheduler waits for
-//! its in-flight sends (up to `drain_timeout`); the consumer flushes progress and
-//! commits what is durable; then the flusher makes its final flush.
+//! Shutdown ([`crate::shutdown::Phases`], one cancellation token cancelled a phase at a
+//! time): cancelling intake stops fetching and dispatching; the scheduler waits for its
+//! in-flight sends (up to `drain_timeout`); the consumer flushes progress and commits
+//! what is durable; the outcomes writer writes what is queued (up to 10 s); the
+//! publisher deletes this worker's rows; then the flusher makes its final flush and the
+//! campaign watcher stops.
 
 pub mod backlog;
 pub mod consumer;
@@ -28,7 +31,7 @@ pub mod scheduler;
 use crate::config::{CappingScope, Settings};
 use crate::limiter::{Clock, MonotonicClock};
 use crate::provider::Providers;
-use crate::shutdown::ShutdownController;
+use crate::shutdown::Phases;
 use crate::stats::{Flusher, FlusherConfig, StatsRecorder};
 use crate::store::campaigns::{Campaign, CampaignDefaults, CampaignStatus};
 use crate::store::listen::{CampaignWatcher, WatcherConfig};
@@ -39,6 +42,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// Errors starting or stopping the worker.
 #[derive(Debug, thiserror::Error)]
@@ -90,15 +95,13 @@ pub fn to_settings(c: &Campaign, fallback: &CampaignDefaults) -> CampaignSetting
 
 /// A running worker.
 pub struct Worker {
-    shutdown: ShutdownController,
+    /// The stop signal; [`Worker::shutdown`] cancels it a phase at a time, and dropping
+    /// the worker cancels it all at once.
+    phases: Phases,
     consumer: std::thread::JoinHandle<()>,
-    scheduler: tokio::task::JoinHandle<()>,
-    forwarder: tokio::task::JoinHandle<()>,
-    outcome_writer: tokio::task::JoinHandle<()>,
-    hygiene_reload: Option<tokio::task::JoinHandle<()>>,
-    flusher_stop: watch::Sender<bool>,
-    flusher_task: tokio::task::JoinHandle<Result<(), crate::stats::StatsError>>,
-    watcher_stop: watch::Sender<bool>,
+    scheduler: JoinHandle<()>,
+    outcome_writer: JoinHandle<()>,
+    flusher_task: JoinHandle<Result<(), crate::stats::StatsError>>,
     _watcher: CampaignWatcher,
     pub flusher: Flusher,
     pub scheduler_stats: watch::Receiver<SchedulerStats>,
@@ -140,217 +143,84 @@ impl Worker {
         clock: Arc<dyn Clock>,
     ) -> Result<Worker, WorkerError> {
         let providers: Arc<Providers> = providers.into();
-        let w = &settings.worker;
-        let defaults = campaign_defaults(settings);
-        let recorder = StatsRecorder::new();
-        let flusher = Flusher::new(
-            recorder.clone(),
-            pool.clone(),
-            FlusherConfig {
-                interval: Duration::from_millis(w.stats_flush_ms),
-                ..FlusherConfig::default()
-            },
-        );
-        let (flusher_stop, flusher_rx) = watch::channel(false);
-        let flusher_task = flusher.spawn(flusher_rx);
-
-        let (watcher_stop, watcher_rx) = watch::channel(false);
-        let watcher = CampaignWatcher::start(
-            pool.clone(),
-            WatcherConfig {
-                refresh_interval: Duration::from_secs(1),
-                ..WatcherConfig::default()
-            },
-            watcher_rx,
-        )
-        .await?;
-
-        let shutdown = ShutdownController::new();
-        let (control_tx, control_rx) = mpsc::channel::<Control>(64);
+        // On an early return, dropping `phases` stops whatever has started.
+        let phases = Phases::new();
+        let stats = start_stats(settings, &pool, &phases).await?;
+        let (control, control_rx) = mpsc::channel::<Control>(64);
         let (completions_tx, completions_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = std::sync::mpsc::channel();
         let (sched_stats_tx, scheduler_stats) = watch::channel(SchedulerStats::default());
         let (consumer_stats_tx, consumer_stats) = watch::channel(ConsumerStats::default());
-
-        // limiter.scope (or a campaign's own limiter_scope): whole rates per process, or
-        // shared through Redis leases.
-        let limiters: Arc<dyn scheduler::LimiterFactory> =
-            Arc::new(crate::distributed::ScopedLimiters::new(
-                settings,
-                Arc::clone(&clock),
-                Some((bootstrap.clone(), settings.kafka.group_id.clone())),
-            )?);
-        let mut scheduler = Scheduler::new(
-            SchedulerConfig {
-                max_active_campaigns: w.max_active_campaigns,
-                quantum_min: Duration::from_millis(w.quantum_min_ms),
-                quantum_max: Duration::from_millis(w.quantum_max_ms),
-                max_in_flight: settings.sender.max_in_flight,
-                max_attempts: settings.sender.max_attempts,
-                retry_base: Duration::from_millis(settings.sender.retry_base_ms),
-                retry_max: Duration::from_millis(settings.sender.retry_max_ms),
-                give_up_after: Duration::from_millis(settings.sender.give_up_after_ms),
-                global_rate: settings.limiter.global_rate(),
-                limiters,
-                forget_after: Duration::from_millis(w.forget_idle_after_ms),
-                visit_all_every: None,
-            },
-            Arc::clone(&providers),
-            recorder,
+        let mut core = build_scheduler(
+            settings,
+            &bootstrap,
+            &providers,
+            Arc::clone(&clock),
+            stats.recorder,
             completions_tx,
             events_tx,
-        );
-        // capping.scope: local decides in the scheduler at each send; redis at intake.
-        let shared_cap = match (settings.capping.enabled, settings.capping.scope) {
-            (false, _) => None,
-            (true, CappingScope::Local) => {
-                let cap = crate::capping::FrequencyCap::new(settings.capping.cap_config())?;
-                scheduler.set_capping(Some(cap));
-                None
-            }
-            (true, CappingScope::Redis) => Some(crate::capping::shared::SharedCap::new(
-                crate::capping::shared::SharedCapConfig::from_settings(settings),
-            )?),
-        };
-        let hygiene = if settings.hygiene.enabled {
-            let h = crate::hygiene::TokenHygiene::start(
-                pool.clone(),
-                settings.hygiene.expected_tokens,
-                settings.hygiene.false_positive_rate,
-            )
-            .await?;
-            Some(Arc::new(h))
-        } else {
-            None
-        };
-        let (outcomes, writer) = outcomes::channel(
-            outcomes::OutcomesConfig {
-                capacity: w.outcome_queue,
-                ..Default::default()
-            },
-            pool.clone(),
-            settings.kafka.topic.clone(),
-            hygiene.clone(),
-            shared_cap.clone(),
-        );
-        let outcome_writer = tokio::spawn(writer.run());
-        scheduler.set_outcomes(outcomes.clone());
-        let hygiene_reload = hygiene.clone().map(|h| {
-            tokio::spawn(reload_hygiene(
-                h,
-                Duration::from_millis(settings.hygiene.reload_ms),
-            ))
-        });
-        let drain_timeout = Duration::from_millis(w.drain_timeout_ms);
-        let scheduler = tokio::spawn(scheduler::run(
-            scheduler,
+        )?;
+        let side = start_enrich_side(settings, pool.clone(), &mut core, &phases).await?;
+        let scheduler = phases.spawn(scheduler::run(
+            core,
             TimeBase::new(clock),
             control_rx,
             completions_rx,
-            shutdown.subscribe(),
-            drain_timeout,
+            phases.intake().clone(),
+            Duration::from_millis(settings.worker.drain_timeout_ms),
             sched_stats_tx,
         ));
-
-        let forwarder = tokio::spawn(forward_settings(
-            watcher.subscribe(),
-            control_tx.clone(),
-            defaults,
-        ));
-
-        let flush_handle = flusher.clone();
+        let defaults = campaign_defaults(settings);
+        let forward = forward_settings(stats.watcher.subscribe(), control.clone(), defaults);
+        phases.spawn(phases.intake().clone().run_until_cancelled_owned(forward));
         let (running_tx, consumer_running) = watch::channel(true);
-        let publisher_pool = pool.clone();
-        let enricher = enrich::Enricher {
-            pool,
-            defaults,
-            hygiene: hygiene.clone(),
-            shared_cap: shared_cap.clone(),
-            db_down: Default::default(),
+        let ends = ConsumerEnds {
+            live: scheduler_stats.clone(),
+            control: control.clone(),
+            events: events_rx,
+            stats: consumer_stats_tx,
+            running: running_tx,
+            stop: phases.intake().clone(),
         };
-        let consumer = consumer::spawn(
-            ConsumerParams {
-                kafka: settings.kafka.clone(),
-                bootstrap,
-                max_buffered_jobs: w.max_buffered_jobs,
-                max_buffered_devices: w.max_buffered_devices,
-                lookahead: Duration::from_millis(w.lookahead_ms),
-                max_parked_jobs: w.max_parked_jobs,
-                max_parked_bytes: w.max_parked_bytes,
-                live: scheduler_stats.clone(),
-                drain_timeout,
-                control: control_tx.clone(),
-                events: events_rx,
-                flush_now: Arc::new(move || {
-                    let f = flush_handle.clone();
-                    Box::pin(async move {
-                        if let Err(e) = f.flush_now().await {
-                            tracing::warn!(error = %e, "flush failed; progress stays pending");
-                        }
-                    })
-                }),
-                stats: consumer_stats_tx,
-                runtime: tokio::runtime::Handle::current(),
-                enricher,
-                providers,
-                outcomes: outcomes.clone(),
-                // Shorter than the scheduler's forget_after, so that settings a job
-                // carries are never older than what the scheduler still remembers.
-                settings_ttl: Duration::from_millis(w.forget_idle_after_ms / 2),
-                running: running_tx,
-            },
-            shutdown.subscribe(),
-        )?;
-        let _publisher = publish::spawn(
-            publisher_pool,
+        let consumer = start_consumer(settings, bootstrap, providers, &side, &stats.flusher, ends)?;
+        phases.spawn(publish::run(
+            pool,
             scheduler_stats.clone(),
             consumer_stats.clone(),
-            shutdown.subscribe(),
-        );
+            phases.intake().clone(),
+        ));
         Ok(Worker {
-            shutdown,
+            phases,
             consumer,
             scheduler,
-            forwarder,
-            outcome_writer,
-            hygiene_reload,
-            flusher_stop,
-            flusher_task,
-            watcher_stop,
-            _watcher: watcher,
-            flusher,
+            outcome_writer: side.outcome_writer,
+            flusher_task: stats.flusher_task,
+            _watcher: stats.watcher,
+            flusher: stats.flusher,
             scheduler_stats,
             consumer_stats,
             consumer_running,
-            outcomes,
-            control: control_tx,
-            hygiene,
-            shared_cap,
+            outcomes: side.outcomes,
+            control,
+            hygiene: side.enricher.hygiene,
+            shared_cap: side.enricher.shared_cap,
         })
     }
 
     /// Graceful stop: drain in-flight sends, flush, commit.
     pub async fn shutdown(self) -> Result<(), WorkerError> {
         let Worker {
-            shutdown,
+            phases,
             consumer,
             scheduler,
-            forwarder,
-            flusher_stop,
-            flusher_task,
-            watcher_stop,
-            control,
             outcome_writer,
-            hygiene_reload,
+            flusher_task,
             outcomes,
             ..
         } = self;
-        shutdown.trigger();
-        forwarder.abort();
-        if let Some(h) = hygiene_reload {
-            h.abort();
-        }
-        drop(control);
+        // Fetching and dispatching stop; the scheduler drains its in-flight sends, and
+        // the consumer waits for that, flushes progress and commits what is durable.
+        phases.intake().cancel();
         let joined = tokio::task::spawn_blocking(move || consumer.join()).await;
         if !matches!(joined, Ok(Ok(()))) {
             tracing::error!("the consumer thread panicked");
@@ -366,21 +236,230 @@ impl Worker {
         {
             tracing::warn!("outcomes not all written at shutdown; their messages are read again");
         }
-        shutdown.shutdown().await;
-        let _ = flusher_stop.send(true);
+        // The publisher deletes this worker's rows; the forwarder and the reload end.
+        phases.intake_done().await;
+        phases.flush().cancel();
         let flushed = flusher_task
             .await
             .map_err(|e| WorkerError::Task(e.to_string()))?;
         if let Err(e) = flushed {
             tracing::error!(error = %e, "final stats flush failed");
         }
-        let _ = watcher_stop.send(true);
+        phases.root().cancel();
         Ok(())
     }
 }
 
 /// How long shutdown waits for queued outcomes to be written.
 const OUTCOMES_DRAIN: Duration = Duration::from_secs(10);
+
+/// The stats side: the recorder the scheduler counts into, its flusher, and the campaign
+/// watcher.
+struct StatsSide {
+    recorder: StatsRecorder,
+    flusher: Flusher,
+    flusher_task: JoinHandle<Result<(), crate::stats::StatsError>>,
+    watcher: CampaignWatcher,
+}
+
+async fn start_stats(
+    settings: &Settings,
+    pool: &PgPool,
+    phases: &Phases,
+) -> Result<StatsSide, WorkerError> {
+    let recorder = StatsRecorder::new();
+    let flusher = Flusher::new(
+        recorder.clone(),
+        pool.clone(),
+        FlusherConfig {
+            interval: Duration::from_millis(settings.worker.stats_flush_ms),
+            ..FlusherConfig::default()
+        },
+    );
+    let flusher_task = flusher.spawn(phases.flush().clone());
+    let watcher = CampaignWatcher::start(
+        pool.clone(),
+        WatcherConfig {
+            refresh_interval: Duration::from_secs(1),
+            ..WatcherConfig::default()
+        },
+        phases.root().clone(),
+    )
+    .await?;
+    Ok(StatsSide {
+        recorder,
+        flusher,
+        flusher_task,
+        watcher,
+    })
+}
+
+fn build_scheduler(
+    settings: &Settings,
+    bootstrap: &str,
+    providers: &Arc<Providers>,
+    clock: Arc<dyn Clock>,
+    recorder: StatsRecorder,
+    completions: mpsc::UnboundedSender<scheduler::Completion>,
+    events: std::sync::mpsc::Sender<scheduler::Event>,
+) -> Result<Scheduler, WorkerError> {
+    let w = &settings.worker;
+    // limiter.scope (or a campaign's own limiter_scope): whole rates per process, or
+    // shared through Redis leases.
+    let limiters: Arc<dyn scheduler::LimiterFactory> =
+        Arc::new(crate::distributed::ScopedLimiters::new(
+            settings,
+            clock,
+            Some((bootstrap.to_string(), settings.kafka.group_id.clone())),
+        )?);
+    Ok(Scheduler::new(
+        SchedulerConfig {
+            max_active_campaigns: w.max_active_campaigns,
+            quantum_min: Duration::from_millis(w.quantum_min_ms),
+            quantum_max: Duration::from_millis(w.quantum_max_ms),
+            max_in_flight: settings.sender.max_in_flight,
+            max_attempts: settings.sender.max_attempts,
+            retry_base: Duration::from_millis(settings.sender.retry_base_ms),
+            retry_max: Duration::from_millis(settings.sender.retry_max_ms),
+            give_up_after: Duration::from_millis(settings.sender.give_up_after_ms),
+            global_rate: settings.limiter.global_rate(),
+            limiters,
+            forget_after: Duration::from_millis(w.forget_idle_after_ms),
+            visit_all_every: None,
+        },
+        Arc::clone(providers),
+        recorder,
+        completions,
+        events,
+    ))
+}
+
+/// The enrich and outcomes side: a job's lookups, and the stage that writes outcomes.
+struct EnrichSide {
+    enricher: enrich::Enricher,
+    outcomes: outcomes::Outcomes,
+    outcome_writer: JoinHandle<()>,
+}
+
+/// Starts the frequency cap, token hygiene (and its reload) and the outcomes writer,
+/// and hands the scheduler what it uses of them.
+async fn start_enrich_side(
+    settings: &Settings,
+    pool: PgPool,
+    scheduler: &mut Scheduler,
+    phases: &Phases,
+) -> Result<EnrichSide, WorkerError> {
+    // capping.scope: local decides in the scheduler at each send; redis at intake.
+    let shared_cap = match (settings.capping.enabled, settings.capping.scope) {
+        (false, _) => None,
+        (true, CappingScope::Local) => {
+            let cap = crate::capping::FrequencyCap::new(settings.capping.cap_config())?;
+            scheduler.set_capping(Some(cap));
+            None
+        }
+        (true, CappingScope::Redis) => Some(crate::capping::shared::SharedCap::new(
+            crate::capping::shared::SharedCapConfig::from_settings(settings),
+        )?),
+    };
+    let hygiene = if settings.hygiene.enabled {
+        let h = crate::hygiene::TokenHygiene::start(
+            pool.clone(),
+            settings.hygiene.expected_tokens,
+            settings.hygiene.false_positive_rate,
+        )
+        .await?;
+        Some(Arc::new(h))
+    } else {
+        None
+    };
+    let (outcomes, writer) = outcomes::channel(
+        outcomes::OutcomesConfig {
+            capacity: settings.worker.outcome_queue,
+            ..Default::default()
+        },
+        pool.clone(),
+        settings.kafka.topic.clone(),
+        hygiene.clone(),
+        shared_cap.clone(),
+    );
+    // Not on the phases: it ends when its queue closes, once everything is queued.
+    let outcome_writer = tokio::spawn(writer.run());
+    scheduler.set_outcomes(outcomes.clone());
+    if let Some(h) = hygiene.clone() {
+        let every = Duration::from_millis(settings.hygiene.reload_ms);
+        phases.spawn(
+            phases
+                .intake()
+                .clone()
+                .run_until_cancelled_owned(reload_hygiene(h, every)),
+        );
+    }
+    let enricher = enrich::Enricher {
+        pool,
+        defaults: campaign_defaults(settings),
+        hygiene,
+        shared_cap,
+        db_down: Default::default(),
+    };
+    Ok(EnrichSide {
+        enricher,
+        outcomes,
+        outcome_writer,
+    })
+}
+
+/// The consumer's ends of the channels to the scheduler and the worker, and its stop.
+struct ConsumerEnds {
+    live: watch::Receiver<SchedulerStats>,
+    control: mpsc::Sender<Control>,
+    events: std::sync::mpsc::Receiver<scheduler::Event>,
+    stats: watch::Sender<ConsumerStats>,
+    running: watch::Sender<bool>,
+    stop: CancellationToken,
+}
+
+fn start_consumer(
+    settings: &Settings,
+    bootstrap: String,
+    providers: Arc<Providers>,
+    side: &EnrichSide,
+    flusher: &Flusher,
+    ends: ConsumerEnds,
+) -> Result<std::thread::JoinHandle<()>, WorkerError> {
+    let w = &settings.worker;
+    let flusher = flusher.clone();
+    let params = ConsumerParams {
+        kafka: settings.kafka.clone(),
+        bootstrap,
+        max_buffered_jobs: w.max_buffered_jobs,
+        max_buffered_devices: w.max_buffered_devices,
+        lookahead: Duration::from_millis(w.lookahead_ms),
+        max_parked_jobs: w.max_parked_jobs,
+        max_parked_bytes: w.max_parked_bytes,
+        live: ends.live,
+        drain_timeout: Duration::from_millis(w.drain_timeout_ms),
+        control: ends.control,
+        events: ends.events,
+        flush_now: Arc::new(move || {
+            let f = flusher.clone();
+            Box::pin(async move {
+                if let Err(e) = f.flush_now().await {
+                    tracing::warn!(error = %e, "flush failed; progress stays pending");
+                }
+            })
+        }),
+        stats: ends.stats,
+        runtime: tokio::runtime::Handle::current(),
+        enricher: side.enricher.clone(),
+        providers,
+        outcomes: side.outcomes.clone(),
+        // Shorter than the scheduler's forget_after, so that settings a job carries are
+        // never older than what the scheduler still remembers.
+        settings_ttl: Duration::from_millis(w.forget_idle_after_ms / 2),
+        running: ends.running,
+    };
+    Ok(consumer::spawn(params, ends.stop)?)
+}
 
 /// Adds the invalid tokens other workers recorded, every `every`.
 async fn reload_hygiene(h: Arc<crate::hygiene::TokenHygiene>, every: Duration) {

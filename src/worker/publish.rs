@@ -2,48 +2,46 @@
 //! effective rate, the stated total) to `worker_campaigns` about once a second, so that
 //! any worker's API sums progress and ETA over all of them. At shutdown the rows go.
 
-use crate::shutdown::Shutdown;
 use crate::store::worker_campaigns::{self, Held};
 use crate::worker::consumer::ConsumerStats;
 use crate::worker::scheduler::SchedulerStats;
 use sqlx::PgPool;
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// How often the rows are rewritten: the API's figures are at most this old.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 
-/// Starts the publisher; it ends (deleting this worker's rows) on the shutdown signal.
-pub fn spawn(
+/// Publishes until `stop` is cancelled, then deletes this worker's rows.
+pub async fn run(
     pool: PgPool,
     scheduler: watch::Receiver<SchedulerStats>,
     consumer: watch::Receiver<ConsumerStats>,
-    mut shutdown: Shutdown,
-) -> tokio::task::JoinHandle<()> {
+    stop: CancellationToken,
+) {
     let worker_id = worker_id();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(PUBLISH_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                _ = shutdown.recv() => break,
-                _ = tick.tick() => {}
-            }
-            let rows = rows(&scheduler.borrow(), &consumer.borrow());
-            match worker_campaigns::publish(&pool, &worker_id, &rows).await {
-                Ok(()) => failing = false,
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::warn!(error = %e, "cannot publish campaign progress; the API shows this worker's figures late");
-                }
-                Err(_) => {}
-            }
+    let mut tick = tokio::time::interval(PUBLISH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
         }
-        if let Err(e) = worker_campaigns::forget(&pool, &worker_id).await {
-            tracing::debug!(error = %e, "progress rows not deleted; they age out");
+        let rows = rows(&scheduler.borrow(), &consumer.borrow());
+        match worker_campaigns::publish(&pool, &worker_id, &rows).await {
+            Ok(()) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "cannot publish campaign progress; the API shows this worker's figures late");
+            }
+            Err(_) => {}
         }
-    })
+    }
+    if let Err(e) = worker_campaigns::forget(&pool, &worker_id).await {
+        tracing::debug!(error = %e, "progress rows not deleted; they age out");
+    }
 }
 
 /// One row per held campaign, and per campaign with parked jobs only.

@@ -8,7 +8,7 @@ use crate::rollup_scale::drop_database;
 use pushpace::store::listen::{CampaignWatcher, WatcherConfig};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// Campaigns known.
 const KNOWN: i64 = 100_000;
@@ -118,7 +118,7 @@ async fn paced_pages_of_100k_campaigns_answer_within_100ms_and_changes_reach_the
     assert_eq!(next_after(&r), None, "the whole list has no next page");
 
     api_changes_reach(&app, &watcher).await;
-    stop_watcher.send(true).unwrap();
+    stop_watcher.cancel();
     app.app.stop().await.unwrap();
     drop_database(app.pool.clone(), &app.db_url).await;
 }
@@ -221,15 +221,15 @@ fn rss_bytes() -> u64 {
 
 /// A campaign watcher holding all 100,000 campaigns and LISTENing; prints its load time
 /// and this process's RSS growth.
-async fn start_watcher(app: &TestApp) -> (CampaignWatcher, watch::Sender<bool>) {
-    let (stop_tx, stop_rx) = watch::channel(false);
+async fn start_watcher(app: &TestApp) -> (CampaignWatcher, CancellationToken) {
+    let stop = CancellationToken::new();
     let rss_before = rss_bytes();
     let started = Instant::now();
     let config = WatcherConfig {
         refresh_interval: Duration::from_secs(600),
         ..WatcherConfig::default()
     };
-    let watcher = CampaignWatcher::start(app.pool.clone(), config, stop_rx)
+    let watcher = CampaignWatcher::start(app.pool.clone(), config, stop.clone())
         .await
         .unwrap();
     let grown = rss_bytes().saturating_sub(rss_before);
@@ -247,7 +247,7 @@ async fn start_watcher(app: &TestApp) -> (CampaignWatcher, watch::Sender<bool>) 
         assert!(Instant::now() < listening, "the watcher LISTENs");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    (watcher, stop_tx)
+    (watcher, stop)
 }
 
 /// A `PUT` through the API reaches the watcher within [`ARRIVAL`], each of five times.

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// An arbitrary second (2027) to record at, so tests do not depend on the wall clock.
 const BASE: u64 = 1_800_000_000;
@@ -269,7 +269,7 @@ const MAX_WRITES: Duration = Duration::from_secs(15);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_flushers_adding_into_the_same_seconds_give_exact_sums() {
     let (pool, url) = fresh_database().await;
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = CancellationToken::new();
     let mut flushers = Vec::new();
     let mut writers = Vec::new();
     for _ in 0..2 {
@@ -285,7 +285,7 @@ async fn two_flushers_adding_into_the_same_seconds_give_exact_sums() {
                 ..fast_config()
             },
         );
-        flushers.push((flusher.clone(), flusher.spawn(stop_rx.clone())));
+        flushers.push((flusher.clone(), flusher.spawn(stop.clone())));
         for w in 0..2u64 {
             let counter = recorder.campaign("shared");
             let own = flusher.clone();
@@ -327,7 +327,7 @@ async fn two_flushers_adding_into_the_same_seconds_give_exact_sums() {
             }
         }
     }
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     let mut statements = 0;
     for (flusher, task) in flushers {
         task.await.unwrap().unwrap();
@@ -469,8 +469,8 @@ async fn an_unreachable_database_loses_no_counts_and_raises_backpressure() {
             ..fast_config()
         },
     );
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let task = flusher.spawn(stop_rx);
+    let stop = CancellationToken::new();
+    let task = flusher.spawn(stop.clone());
     let counter = recorder.campaign("outage");
     let job = recorder.track_job(JobKey {
         job_id: "job-outage".into(),
@@ -533,7 +533,7 @@ async fn an_unreachable_database_loses_no_counts_and_raises_backpressure() {
         .unwrap()
         .unwrap();
     assert_eq!(progress.devices_done, 900);
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
 }
 
@@ -566,8 +566,8 @@ async fn terminated_connections_lose_and_double_no_counts() {
             ..fast_config()
         },
     );
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let task = flusher.spawn(stop_rx);
+    let stop = CancellationToken::new();
+    let task = flusher.spawn(stop.clone());
     let stop_killing = Arc::new(AtomicBool::new(false));
     let killer = {
         let direct = direct.clone();
@@ -624,7 +624,7 @@ async fn terminated_connections_lose_and_double_no_counts() {
     let killed = killer.await.unwrap();
     assert!(killed > 5, "connections were terminated ({killed})");
     let committed_under_kills = flusher.batches_committed();
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
     assert!(
         committed_under_kills >= MIN_BATCHES_UNDER_KILLS,
@@ -646,14 +646,14 @@ async fn a_send_rate_changed_with_sql_reaches_the_watcher_within_a_second() {
     campaigns::put(&pool, "watched", &patch, &defaults)
         .await
         .unwrap();
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = CancellationToken::new();
     // A long refresh period: only NOTIFY (or a reconnection's re-read) can be this fast.
     let config = WatcherConfig {
         refresh_interval: Duration::from_secs(600),
         reconnect_min: Duration::from_millis(50),
         reconnect_max: Duration::from_millis(200),
     };
-    let watcher = CampaignWatcher::start(pool.clone(), config, stop_rx)
+    let watcher = CampaignWatcher::start(pool.clone(), config, stop.clone())
         .await
         .unwrap();
     assert_eq!(watcher.get("watched").unwrap().send_rate, 100.0);
@@ -732,7 +732,7 @@ async fn a_send_rate_changed_with_sql_reaches_the_watcher_within_a_second() {
     .await
     .expect("notifications flow again after the reconnection")
     .unwrap();
-    stop_tx.send(true).unwrap();
+    stop.cancel();
 }
 
 #[tokio::test]
@@ -1006,8 +1006,8 @@ async fn a_flapping_network_loses_and_doubles_no_counts() {
             ..fast_config()
         },
     );
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let task = flusher.spawn(stop_rx);
+    let stop = CancellationToken::new();
+    let task = flusher.spawn(stop.clone());
     let counter = recorder.campaign("flap");
     let mut expected = BTreeMap::<u64, i64>::new();
     let until = Instant::now() + Duration::from_millis(2000);
@@ -1029,7 +1029,7 @@ async fn a_flapping_network_loses_and_doubles_no_counts() {
         }
     }
     proxy.set_up(true);
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
     assert!(
         cuts > 20 && flusher.failed_writes() > 5,

@@ -8,7 +8,7 @@ use pushpace::store::{self, Totals};
 use sqlx::PgPool;
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// An arbitrary second (2027) to record at, so tests do not depend on the wall clock.
 const BASE: u64 = 1_800_000_000;
@@ -180,13 +180,13 @@ async fn concurrent_flushers_on_shared_campaigns_stay_exact() {
     const FLUSHERS: usize = 4;
     const CAMPAIGNS: usize = 6;
     let (pool, _) = fresh_database().await;
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = CancellationToken::new();
     let ids: Vec<String> = (0..CAMPAIGNS).map(|c| format!("shared-{c}")).collect();
     let mut workers = Vec::new();
     for k in 0..FLUSHERS {
         let recorder = StatsRecorder::new();
         let flusher = Flusher::new(recorder.clone(), pool.clone(), fast_config());
-        let task = flusher.spawn(stop_rx.clone());
+        let task = flusher.spawn(stop.clone());
         let ids = ids.clone();
         // Each worker moves through the seconds at its own pace and visits the campaigns
         // in its own order, so that one statement inserts some campaigns' seconds while
@@ -228,7 +228,7 @@ async fn concurrent_flushers_on_shared_campaigns_stay_exact() {
         }
         flushers.push((flusher, task));
     }
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     for (flusher, task) in flushers {
         task.await.unwrap().unwrap();
         assert!(

@@ -5,7 +5,7 @@ use crate::helpers::fresh_database;
 use pushpace::store::listen::{CampaignWatcher, WatcherConfig, WatcherStats, REREAD_OVERLAP};
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// The watcher's promise: a change is published within a second, by NOTIFY or, when the
 /// notification is lost, by the fallback re-read (period [`FALLBACK_PERIOD`] here).
@@ -85,16 +85,13 @@ async fn with_100k_campaigns_changes_arrive_within_a_second_and_a_refresh_reads_
     .execute(&pool)
     .await
     .unwrap();
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = CancellationToken::new();
     // `notified` re-reads only every 10 minutes: what it sees quickly came by NOTIFY.
-    let notified = CampaignWatcher::start(
-        pool.clone(),
-        config(Duration::from_secs(600)),
-        stop_rx.clone(),
-    )
-    .await
-    .unwrap();
-    let fallback = CampaignWatcher::start(pool.clone(), config(FALLBACK_PERIOD), stop_rx)
+    let notified =
+        CampaignWatcher::start(pool.clone(), config(Duration::from_secs(600)), stop.clone())
+            .await
+            .unwrap();
+    let fallback = CampaignWatcher::start(pool.clone(), config(FALLBACK_PERIOD), stop.clone())
         .await
         .unwrap();
     assert_eq!(notified.current().len(), BULK as usize);
@@ -174,7 +171,7 @@ async fn with_100k_campaigns_changes_arrive_within_a_second_and_a_refresh_reads_
     // The notified watcher never heard of it: the change really went without NOTIFY.
     assert_eq!(notified.get("bulk-5").unwrap().send_rate, 100.0);
     assert_eq!(fallback.current().len(), BULK as usize);
-    stop_tx.send(true).unwrap();
+    stop.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,8 +181,8 @@ async fn a_silent_change_committed_after_later_refreshes_is_still_found() {
         .execute(&pool)
         .await
         .unwrap();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let watcher = CampaignWatcher::start(pool.clone(), config(FALLBACK_PERIOD), stop_rx)
+    let stop = CancellationToken::new();
+    let watcher = CampaignWatcher::start(pool.clone(), config(FALLBACK_PERIOD), stop.clone())
         .await
         .unwrap();
     // Several refreshes run while the writing transaction is open, each newer than its
@@ -209,5 +206,5 @@ async fn a_silent_change_committed_after_later_refreshes_is_still_found() {
     .expect("the late commit was found within 1 s")
     .unwrap();
     eprintln!("late silent commit found after {:?}", committed.elapsed());
-    stop_tx.send(true).unwrap();
+    stop.cancel();
 }

@@ -69,14 +69,14 @@ const STATS_EVERY: Duration = Duration::from_millis(100);
 /// warning (at most one per 10 s), since only the process or the machine can cause it.
 const LATE_WARNING: Duration = Duration::from_millis(50);
 
-/// Drives a [`Scheduler`] until `control` closes (the consumer is gone) and every
-/// in-flight send has finished, or until the drain deadline after shutdown.
+/// Drives a [`Scheduler`] until `stop` is cancelled and every in-flight send has
+/// finished, or until the drain deadline after that.
 pub async fn run(
     mut scheduler: Scheduler,
     time: TimeBase,
     mut control: mpsc::Receiver<Control>,
     mut completions: mpsc::UnboundedReceiver<Completion>,
-    mut shutdown: crate::shutdown::Shutdown,
+    stop: tokio_util::sync::CancellationToken,
     drain_timeout: Duration,
     stats_out: tokio::sync::watch::Sender<SchedulerStats>,
 ) {
@@ -101,20 +101,11 @@ pub async fn run(
                 break;
             }
         }
-        let q = scheduler.quantum();
-        let round_end = time.instant(now) + q;
-        let mut wake_at = wake.map_or(round_end, |w| time.instant(w).min(round_end));
-        if let Some(d) = drain_deadline {
-            wake_at = wake_at.min(d);
-        }
-        // Counts not yet published go out within STATS_EVERY, also when the next round
-        // is a whole idle quantum away (the last sends of a burst).
-        if marker != published_marker {
-            wake_at = wake_at.min(published + STATS_EVERY);
-        }
+        let unpublished = (marker != published_marker).then_some(published);
+        let wake_at = wake_at(&scheduler, &time, now, wake, drain_deadline, unpublished);
         tokio::select! {
             biased;
-            _ = shutdown.recv(), if drain_deadline.is_none() => {
+            _ = stop.cancelled(), if drain_deadline.is_none() => {
                 scheduler.drain();
                 drain_deadline = Some(tokio::time::Instant::now() + drain_timeout);
             }
@@ -134,26 +125,52 @@ pub async fn run(
                         apply_control(&mut scheduler, msg, &time);
                     }
                 }
-                None => {
-                    control_open = false;
-                    if drain_deadline.is_none() {
-                        scheduler.drain();
-                        drain_deadline = Some(tokio::time::Instant::now() + drain_timeout);
-                    }
-                }
+                // Every sender is gone (the worker is stopping): stop polling it.
+                None => control_open = false,
             },
             _ = tokio::time::sleep_until(wake_at) => {
-                let late = tokio::time::Instant::now().saturating_duration_since(wake_at);
-                metrics::histogram!("scheduler_wake_lateness_seconds").record(late.as_secs_f64());
-                let quiet = last_late_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
-                if late >= LATE_WARNING && quiet {
-                    tracing::warn!(late_ms = late.as_millis() as u64, "the scheduler woke late: every campaign sends less this second");
-                    last_late_warning = Some(tokio::time::Instant::now());
-                }
+                note_lateness(wake_at, &mut last_late_warning);
             }
         }
     }
     let _ = stats_out.send(scheduler.stats());
+}
+
+/// When to run the next round without news: the instant the scheduler named, at the
+/// latest the end of this round's quantum or the drain deadline; and counts not yet
+/// published (`unpublished`: the last publish) go out within [`STATS_EVERY`], also when
+/// the next round is a whole idle quantum away (the last sends of a burst).
+fn wake_at(
+    scheduler: &Scheduler,
+    time: &TimeBase,
+    now: Nanos,
+    wake: Option<Nanos>,
+    drain_deadline: Option<tokio::time::Instant>,
+    unpublished: Option<tokio::time::Instant>,
+) -> tokio::time::Instant {
+    let round_end = time.instant(now) + scheduler.quantum();
+    let mut wake_at = wake.map_or(round_end, |w| time.instant(w).min(round_end));
+    if let Some(d) = drain_deadline {
+        wake_at = wake_at.min(d);
+    }
+    if let Some(published) = unpublished {
+        wake_at = wake_at.min(published + STATS_EVERY);
+    }
+    wake_at
+}
+
+/// Records how late a timed wake-up came, warning at most once per 10 s.
+fn note_lateness(wake_at: tokio::time::Instant, last_warning: &mut Option<tokio::time::Instant>) {
+    let late = tokio::time::Instant::now().saturating_duration_since(wake_at);
+    metrics::histogram!("scheduler_wake_lateness_seconds").record(late.as_secs_f64());
+    let quiet = last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+    if late >= LATE_WARNING && quiet {
+        tracing::warn!(
+            late_ms = late.as_millis() as u64,
+            "the scheduler woke late: every campaign sends less this second"
+        );
+        *last_warning = Some(tokio::time::Instant::now());
+    }
 }
 
 fn apply_control(scheduler: &mut Scheduler, msg: Control, time: &TimeBase) {
