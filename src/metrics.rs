@@ -176,11 +176,11 @@ pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
 }
 
 /// Samples on every snapshot the worker publishes (at most every 250 ms) until `stop`
-/// turns true or the worker is gone.
+/// is cancelled or the worker is gone.
 pub fn spawn_sampler(
     mut scheduler: watch::Receiver<SchedulerStats>,
     mut consumer: watch::Receiver<ConsumerStats>,
-    mut stop: watch::Receiver<bool>,
+    stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
@@ -192,7 +192,7 @@ pub fn spawn_sampler(
             tokio::select! {
                 r = scheduler.changed() => if r.is_err() { return },
                 r = consumer.changed() => if r.is_err() { return },
-                r = stop.changed() => if r.is_err() || *stop.borrow() { return },
+                _ = stop.cancelled() => return,
             }
         }
     })

@@ -11,7 +11,7 @@ use crate::api::{self, AppState, WorkerView};
 use crate::config::Settings;
 use sqlx::PgPool;
 use std::net::SocketAddr;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// Errors starting or running the HTTP server.
 #[derive(Debug, thiserror::Error)]
@@ -41,11 +41,11 @@ pub struct AppDeps {
 
 /// Stops a running [`Application`]; cheap to clone.
 #[derive(Clone, Debug)]
-pub struct Stopper(watch::Sender<bool>);
+pub struct Stopper(CancellationToken);
 
 impl Stopper {
     pub fn stop(&self) {
-        self.0.send_replace(true);
+        self.0.cancel();
     }
 }
 
@@ -54,7 +54,7 @@ pub struct Application {
     listener: tokio::net::TcpListener,
     addr: SocketAddr,
     router: axum::Router,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     sampler: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -69,9 +69,9 @@ impl Application {
                 None
             }
         };
-        let (stop, stop_rx) = watch::channel(false);
+        let stop = CancellationToken::new();
         let sampler = deps.worker.as_ref().map(|w| {
-            crate::metrics::spawn_sampler(w.scheduler.clone(), w.consumer.clone(), stop_rx)
+            crate::metrics::spawn_sampler(w.scheduler.clone(), w.consumer.clone(), stop.clone())
         });
         let bootstrap = deps
             .bootstrap
@@ -123,13 +123,10 @@ impl Application {
 
     /// Serves until stopped; requests in progress finish first.
     pub async fn run_until_stopped(self) -> Result<(), StartupError> {
-        let mut stopped = self.stop.subscribe();
         let served = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            })
+            .with_graceful_shutdown(self.stop.clone().cancelled_owned())
             .await;
-        self.stop.send_replace(true);
+        self.stop.cancel();
         if let Some(sampler) = self.sampler {
             let _ = sampler.await;
         }
