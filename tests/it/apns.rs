@@ -3,12 +3,12 @@
 //! marked tokens and switches ask for.
 
 use pushpace::job::{Job, Priority, PushOptions, PushType};
-use pushpace::tools::mock::apns::{ApnsMock, MockApnsConfig};
-use pushpace::tools::mock::tls::TestCa;
 use pushpace::provider::apns::jwt::{unix_now, Clock, TokenSigner};
 use pushpace::provider::apns::{check, ApnsSender};
 use pushpace::provider::settings::{ApnsEnvironment, ApnsSpec, CommonSpec};
 use pushpace::sender::{HaltScope, SendOutcome, Sender};
+use pushpace::tools::mock::apns::{ApnsMock, MockApnsConfig};
+use pushpace::tools::mock::tls::TestCa;
 use secrecy::SecretString;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -4,11 +4,11 @@
 //! token, and `providers check`.
 
 use pushpace::job::{Job, Priority};
-use pushpace::tools::mock::fcm::{FcmMock, FcmMockConfig};
-use pushpace::tools::mock::tls::TestCa;
 use pushpace::provider::fcm::{check, FcmSender};
 use pushpace::provider::settings::{CommonSpec, FcmSpec};
 use pushpace::sender::{HaltScope, SendOutcome, Sender};
+use pushpace::tools::mock::fcm::{FcmMock, FcmMockConfig};
+use pushpace::tools::mock::tls::TestCa;
 use secrecy::SecretString;
 use serde_json::{json, value::RawValue};
 use std::sync::Arc;

@@ -4,10 +4,10 @@
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use pushpace::tools::mock::h2server::{BoxResponse, FnHandler, Knobs, MockServer, StreamInfo};
-use pushpace::tools::mock::tls::TestCa;
 use pushpace::provider::h2pool::{H2Pool, PoolConfig, TransportError};
 use pushpace::provider::tls::client_config;
+use pushpace::tools::mock::h2server::{BoxResponse, FnHandler, Knobs, MockServer, StreamInfo};
+use pushpace::tools::mock::tls::TestCa;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -4,12 +4,12 @@
 
 use p256::pkcs8::{EncodePrivateKey, LineEnding};
 use pushpace::job::{Job, Priority, PushOptions};
-use pushpace::tools::mock::tls::TestCa;
-use pushpace::tools::mock::webpush::WebPushMock;
 use pushpace::provider::settings::{CommonSpec, WebPushSpec};
 use pushpace::provider::webpush::vapid::VapidSigner;
 use pushpace::provider::webpush::{self, WebPushSender, DEFAULT_TTL_S};
 use pushpace::sender::{HaltScope, SendOutcome, Sender};
+use pushpace::tools::mock::tls::TestCa;
+use pushpace::tools::mock::webpush::WebPushMock;
 use secrecy::SecretString;
 use serde_json::value::RawValue;
 use std::sync::Arc;

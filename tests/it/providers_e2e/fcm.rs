@@ -2,11 +2,11 @@
 //! the background, so a campaign outliving several of them never has a send refused.
 
 use super::{campaign, job, wait_until, Env, DB_WRITE, GROUP_JOIN};
-use pushpace::tools::mock::fcm::{FcmMock, FcmMockConfig};
-use pushpace::tools::mock::tls::TestCa;
 use pushpace::provider::fcm::FcmSender;
 use pushpace::provider::settings::{CommonSpec, FcmSpec};
 use pushpace::provider::ProviderKind;
+use pushpace::tools::mock::fcm::{FcmMock, FcmMockConfig};
+use pushpace::tools::mock::tls::TestCa;
 use secrecy::SecretString;
 use serde_json::{json, Value};
 use std::time::Duration;

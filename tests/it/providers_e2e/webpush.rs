@@ -3,11 +3,11 @@
 
 use super::{campaign, wait_until, Env, DB_WRITE, GROUP_JOIN};
 use p256::pkcs8::{EncodePrivateKey, LineEnding};
-use pushpace::tools::mock::tls::TestCa;
-use pushpace::tools::mock::webpush::WebPushMock;
 use pushpace::provider::settings::{CommonSpec, WebPushSpec};
 use pushpace::provider::webpush::{vapid, WebPushSender};
 use pushpace::provider::ProviderKind;
+use pushpace::tools::mock::tls::TestCa;
+use pushpace::tools::mock::webpush::WebPushMock;
 use secrecy::SecretString;
 
 /// Two payloads as producers write them: a JSON string (its contents are the message)
