@@ -6,12 +6,12 @@
 //! `x-pushpace-sent-at` header, kept by the sink as `Arrival::released`), so that what
 //! is measured is pushpace's pacing, not the loopback's jitter.
 
-use crate::harness::{produce_plan, TestWorker};
+use crate::harness::{produce_plan, PlannedRun as Run, TestWorker};
 use crate::helpers::{pacing_lock, unique_name, wait_for};
 use pushpace::limiter::Algorithm;
 use pushpace::provider::ceiling::CeilingParams;
 use pushpace::tools::produce::ProducePlan;
-use pushpace::tools::sink::{Arrival, Behaviour, RetryAfter, SinkConfig, SinkHandle};
+use pushpace::tools::sink::{Arrival, Behaviour, RetryAfter, SinkConfig};
 use pushpace::worker::scheduler::{CampaignLive, ProviderLive};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,16 +29,10 @@ const RECOVERY_WATCH: Duration = Duration::from_secs(30);
 /// How long a worker may take to join its group and start sending (tansu's group join).
 const GROUP_JOIN_LIMIT: Duration = Duration::from_secs(60);
 
-struct Run {
-    tw: TestWorker,
-    sink: Arc<SinkHandle>,
-    plan: ProducePlan,
-}
-
 async fn start(campaigns: &[(f64, usize)], behaviour: Behaviour, params: CeilingParams) -> Run {
     let plan =
         ProducePlan::with_rates(&unique_name("ad"), campaigns, 500, Some(Algorithm::Gcra)).unwrap();
-    let tw = TestWorker::options()
+    TestWorker::options()
         .partitions(8)
         .sink_config(SinkConfig {
             behaviour,
@@ -46,13 +40,8 @@ async fn start(campaigns: &[(f64, usize)], behaviour: Behaviour, params: Ceiling
         })
         .adaptive(params)
         .settings(&[("sender.retry_base_ms", "50".into())])
-        .spawn_with_plan(&plan)
-        .await;
-    Run {
-        sink: tw.sink(),
-        tw,
-        plan,
-    }
+        .run_plan(plan)
+        .await
 }
 
 impl Run {
@@ -83,10 +72,6 @@ impl Run {
         if let Some(more) = crate::helpers::top_up_plan(&mut self.plan, (ahead, ahead), sent) {
             produce_plan(&self.tw.topic, &more).await;
         }
-    }
-
-    async fn stop(&mut self) {
-        self.tw.stop().await;
     }
 }
 

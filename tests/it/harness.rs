@@ -164,6 +164,31 @@ impl TestWorkerOptions {
         tw.start().await;
         tw
     }
+
+    /// [`Self::spawn_with_plan`], the worker sending to a sink of its own.
+    pub async fn run_plan(self, plan: ProducePlan) -> PlannedRun {
+        let tw = self.spawn_with_plan(&plan).await;
+        PlannedRun {
+            sink: tw.sink(),
+            tw,
+            plan,
+        }
+    }
+}
+
+/// A worker started on the jobs of a plan, and its sink. Test files add their own
+/// methods (`impl PlannedRun` in the same crate).
+pub struct PlannedRun {
+    pub tw: TestWorker,
+    pub sink: Arc<SinkHandle>,
+    pub plan: ProducePlan,
+}
+
+impl PlannedRun {
+    /// Shuts the worker down, if it runs; it must stop gracefully.
+    pub async fn stop(&mut self) {
+        self.tw.stop().await;
+    }
 }
 
 fn borrowed(overrides: &[(String, String)]) -> Vec<(&str, String)> {

@@ -1,20 +1,15 @@
 //! The worker pipeline end to end, against the real tansu broker, real PostgreSQL and a
 //! real loopback HTTP sink that timestamps every request.
 
-use crate::harness::{job_at, produce_jobs, produce_plan, Producer, Record, TestWorker};
+use crate::harness::{
+    job_at, produce_jobs, produce_plan, PlannedRun as Run, Producer, Record, TestWorker,
+};
 use crate::helpers::{brokers, fresh_database, fresh_topic, pacing_lock, unique_name, wait_for};
 use pushpace::limiter::{Algorithm, Rate};
 use pushpace::tools::produce::{PlannedCampaign, ProducePlan};
-use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
+use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::worker::Worker;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-struct Run {
-    tw: TestWorker,
-    sink: Arc<SinkHandle>,
-    plan: ProducePlan,
-}
 
 async fn start(
     campaigns: &[(f64, usize)],
@@ -23,16 +18,11 @@ async fn start(
 ) -> Run {
     let run_id = unique_name("r");
     let plan = ProducePlan::with_rates(&run_id.clone(), campaigns, 250, algorithm).unwrap();
-    let tw = TestWorker::options()
+    TestWorker::options()
         .partitions(8)
         .settings(extra)
-        .spawn_with_plan(&plan)
-        .await;
-    Run {
-        sink: tw.sink(),
-        tw,
-        plan,
-    }
+        .run_plan(plan)
+        .await
 }
 
 impl Run {
@@ -45,10 +35,6 @@ impl Run {
         while self.sink.summary().distinct_delivered < self.total() && Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    }
-
-    async fn stop(&mut self) {
-        self.tw.stop().await;
     }
 
     async fn recorded_sent(&self, campaign: &str) -> i64 {
