@@ -6,17 +6,13 @@
 //! `x-pushpace-sent-at` header, kept by the sink as `Arrival::released`), so that what
 //! is measured is pushpace's pacing, not the loopback's jitter.
 
-use crate::helpers::{
-    brokers, fresh_database, fresh_topic, pacing_lock, sink_worker_settings, unique_name, wait_for,
-};
+use crate::harness::{produce_plan, PlannedRun as Run, TestWorker};
+use crate::helpers::{pacing_lock, unique_name, wait_for};
 use pushpace::limiter::Algorithm;
 use pushpace::provider::ceiling::CeilingParams;
-use pushpace::provider::{Provider, ProviderKind, Providers};
-use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
 use pushpace::tools::produce::ProducePlan;
-use pushpace::tools::sink::{Arrival, Behaviour, RetryAfter, Sink, SinkConfig, SinkHandle};
+use pushpace::tools::sink::{Arrival, Behaviour, RetryAfter, SinkConfig};
 use pushpace::worker::scheduler::{CampaignLive, ProviderLive};
-use pushpace::worker::Worker;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,62 +29,28 @@ const RECOVERY_WATCH: Duration = Duration::from_secs(30);
 /// How long a worker may take to join its group and start sending (tansu's group join).
 const GROUP_JOIN_LIMIT: Duration = Duration::from_secs(60);
 
-struct Run {
-    sink: SinkHandle,
-    worker: Option<Worker>,
-    plan: ProducePlan,
-    topic: String,
-}
-
 async fn start(campaigns: &[(f64, usize)], behaviour: Behaviour, params: CeilingParams) -> Run {
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(8).await;
-    let sink = Sink::start(SinkConfig {
-        behaviour,
-        ..SinkConfig::default()
-    })
-    .await
-    .unwrap();
     let plan =
         ProducePlan::with_rates(&unique_name("ad"), campaigns, 500, Some(Algorithm::Gcra)).unwrap();
-    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
+    TestWorker::options()
+        .partitions(8)
+        .sink_config(SinkConfig {
+            behaviour,
+            ..SinkConfig::default()
+        })
+        .adaptive(params)
+        .settings(&[("sender.retry_base_ms", "50".into())])
+        .run_plan(plan)
         .await
-        .expect("produce");
-    let settings = sink_worker_settings(
-        &topic,
-        &db_url,
-        &sink.url(),
-        &[("sender.retry_base_ms", "50".into())],
-    );
-    let provider = Provider {
-        name: Arc::from("sink"),
-        kind: ProviderKind::Webhook,
-        max_rate: None,
-        max_in_flight: None,
-        adaptive: Some(params),
-        sender: AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap()),
-    };
-    let providers = Providers::new(vec![provider], "sink").unwrap();
-    let worker = Worker::start(&settings, pool, brokers(), providers)
-        .await
-        .expect("start worker");
-    Run {
-        sink,
-        worker: Some(worker),
-        plan,
-        topic,
-    }
 }
 
 impl Run {
     fn lane(&self) -> ProviderLive {
-        let w = self.worker.as_ref().expect("running");
-        w.scheduler_stats.borrow().providers[0].clone()
+        self.tw.worker().scheduler_stats.borrow().providers[0].clone()
     }
 
     fn live(&self) -> Arc<Vec<CampaignLive>> {
-        let w = self.worker.as_ref().expect("running");
-        w.scheduler_stats.borrow().campaigns.clone()
+        self.tw.worker().scheduler_stats.borrow().campaigns.clone()
     }
 
     async fn sending(&self) {
@@ -108,15 +70,7 @@ impl Run {
         let sink = &self.sink;
         let sent = |id: &str| sink.campaign(id).map_or(0, |c| c.distinct_delivered);
         if let Some(more) = crate::helpers::top_up_plan(&mut self.plan, (ahead, ahead), sent) {
-            pushpace::tools::produce::produce(&brokers(), &self.topic, &more, |_| {})
-                .await
-                .expect("produce");
-        }
-    }
-
-    async fn stop(&mut self) {
-        if let Some(w) = self.worker.take() {
-            w.shutdown().await.expect("graceful shutdown");
+            produce_plan(&self.tw.topic, &more).await;
         }
     }
 }

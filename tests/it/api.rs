@@ -2,9 +2,9 @@
 //! fresh database; `/metrics` against a real worker (null sender, real broker); the
 //! `campaign` and `stats` commands run as the real binary against a running server.
 
+use crate::harness::TestWorker;
 use crate::helpers::{
-    brokers, free_port, fresh_database, fresh_topic, pg_server, pushpace_bin, test_settings,
-    unique_name,
+    brokers, free_port, fresh_database, pg_server, pushpace_bin, test_settings, unique_name,
 };
 use chrono::{DateTime, Duration as ChronoDuration, TimeZone, Utc};
 use pushpace::api::WorkerView;
@@ -169,29 +169,17 @@ pub struct WorkerApp {
 
 pub async fn spawn_worker_app(campaigns: &[(f64, usize)]) -> WorkerApp {
     pushpace::metrics::install().expect("install the metrics recorder");
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(2).await;
     let run_id = unique_name("api");
     let plan = ProducePlan::with_rates(&run_id, campaigns, 250, Some(Algorithm::Gcra)).unwrap();
-    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
-        .await
-        .expect("produce");
-    let extra = [
-        ("kafka.topic", topic),
-        ("kafka.group_id", unique_name("g")),
-        ("sender.kind", "null".to_string()),
-        ("worker.stats_flush_ms", "200".to_string()),
-    ];
-    let settings = app_settings(TOKEN, &db_url, &extra);
-    let sender = pushpace::provider::build::build(&settings).unwrap();
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .expect("start worker");
-    let view = WorkerView::of(&worker);
-    let api = spawn_app_on(pool, db_url, TOKEN, Some(view), None, &extra).await;
+    let mut tw = TestWorker::options()
+        .partitions(2)
+        .null_sender()
+        .api()
+        .spawn_with_plan(&plan)
+        .await;
     WorkerApp {
-        api,
-        worker: Some(worker),
+        api: tw.take_api(),
+        worker: Some(tw.take_worker()),
         plan,
     }
 }

@@ -6,11 +6,11 @@
 //! partition. The second test runs the same suite with the worker's PostgreSQL stopped
 //! for 30 s in the middle: the worker stays in its group and loses nothing.
 
+use crate::harness::{Producer, Record};
 use crate::helpers::{brokers, fresh_topic, pushpace_bin, unique_name, wait_for, OwnPostgres};
 use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
 use pushpace::worker::message::raw_headers;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -59,7 +59,7 @@ fn tokens(prefix: &str, n: usize) -> Vec<String> {
 struct Suite {
     /// Devices in each ordinary good job.
     devices: usize,
-    producer: FutureProducer,
+    producer: Producer,
     topic: String,
     produced: Vec<Produced>,
     run: String,
@@ -87,23 +87,13 @@ impl Suite {
         expect: Expect,
         what: &'static str,
     ) {
-        let mut record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&self.topic).partition(partition);
-        if let Some(h) = headers {
-            record = record.headers(h);
-        }
-        if let Some(k) = key {
-            record = record.key(k);
-        }
-        if let Some(v) = value {
-            record = record.payload(v);
-        }
-        let delivery = self
-            .producer
-            .send(record, Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|(e, _)| panic!("produce {what}: {e}"));
-        let (partition, offset) = (delivery.partition, delivery.offset);
+        let record = Record {
+            partition: Some(partition),
+            key,
+            payload: value,
+            headers,
+        };
+        let (partition, offset) = self.producer.send(&self.topic, record).await;
         self.produced.push(Produced {
             partition,
             offset,
@@ -262,12 +252,12 @@ impl Suite {
     }
 }
 
-fn producer() -> FutureProducer {
-    pushpace::broker::producer_config(&brokers())
-        // Room for the oversized message (the worker's own limit is 1 MiB).
-        .set("message.max.bytes", "4194304")
-        .create()
-        .expect("producer")
+fn producer() -> Producer {
+    Producer::with(
+        pushpace::broker::producer_config(&brokers())
+            // Room for the oversized message (the worker's own limit is 1 MiB).
+            .set("message.max.bytes", "4194304"),
+    )
 }
 
 /// A worker process with its log in a file, for the rebalance check.

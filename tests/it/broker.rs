@@ -1,10 +1,10 @@
 //! The Kafka-protocol broker set-up works with rdkafka: a consumer group resumes exactly
 //! after its committed offsets, across a broker restart, with nothing missing.
 
+use crate::harness::{Producer, Record};
 use crate::helpers::{unique_name, TansuBroker};
 use pushpace::config::{AssignmentStrategy, IsolationLevel, KafkaSettings};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -51,23 +51,15 @@ async fn group_resumes_exactly_after_commits_across_a_broker_restart() {
         .await
         .expect("create topic");
 
-    let producer: FutureProducer = pushpace::broker::producer_config(&bootstrap)
-        .create()
-        .unwrap();
+    let producer = Producer::on(&bootstrap);
     let sends = (0..1000).map(|i| {
         let payload = format!("m-{i:04}");
         let key = format!("k-{}", i % 7);
         let producer = &producer;
         let topic = &topic;
         async move {
-            producer
-                .send(
-                    FutureRecord::to(topic).payload(&payload).key(&key),
-                    Duration::from_secs(30),
-                )
-                .await
-                .map_err(|(e, _)| e)
-                .expect("produce");
+            let record = Record::of(payload.as_bytes()).key(key.as_bytes());
+            producer.send(topic, record).await;
         }
     });
     futures::future::join_all(sends).await;

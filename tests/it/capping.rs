@@ -2,15 +2,10 @@
 //! Redis on 127.0.0.1:6379 (a unique key prefix per test, keys removed at the end), and
 //! through two workers on the real broker, PostgreSQL and the sink.
 
-use crate::helpers::{
-    brokers, fresh_database, fresh_topic, requests_for, test_settings, unique_name, wait_for, Proxy,
-};
+use crate::harness::{job_at, produce_job, TestWorker};
+use crate::helpers::{requests_for, unique_name, wait_for, Proxy};
 use pushpace::capping::shared::{member, SharedCap, SharedCapConfig};
 use pushpace::capping::CapConfig;
-use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
-use pushpace::worker::Worker;
-use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -378,49 +373,19 @@ async fn redis_down_holds_the_job_until_redis_answers() {
 }
 
 async fn produce(topic: &str, campaign: &str, job_id: &str, devices: &[String]) {
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
-        .create()
-        .unwrap();
-    let devices = serde_json::to_string(devices).unwrap();
-    let value = format!(
-        r#"{{"job_id":"{job_id}","campaign_id":"{campaign}","send_rate":2000,"devices":{devices},"payload":{{"t":1}}}}"#
-    );
-    producer
-        .send(
-            FutureRecord::to(topic).key(campaign).payload(&value),
-            Duration::from_secs(30),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .unwrap();
+    produce_job(topic, &job_at(job_id, campaign, 2000.0, devices)).await;
 }
 
-async fn worker(
-    sink: &SinkHandle,
-    db_url: &str,
-    topic: &str,
-    pool: &PgPool,
-    prefix: &str,
-) -> Worker {
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.to_string()),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url.to_string()),
-        ("sender.url", sink.url()),
-        ("worker.stats_flush_ms", "200".into()),
+/// A worker's settings for the cap shared through Redis at `url`, under `prefix`.
+fn redis_cap(max: u32, url: String, prefix: &str) -> [(&'static str, String); 6] {
+    [
         ("capping.enabled", "true".into()),
         ("capping.scope", "redis".into()),
-        ("capping.max_per_device", "2".into()),
-        ("redis.url", format!("redis://{REDIS}")),
+        ("capping.max_per_device", max.to_string()),
+        ("redis.url", url),
         ("redis.key_prefix", prefix.to_string()),
         ("redis.connect_timeout_ms", "500".into()),
-    ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .expect("start worker")
+    ]
 }
 
 /// Two workers, cap 2: one device in three campaigns, two on worker A and one on
@@ -430,14 +395,21 @@ async fn worker(
 /// jobs of 250 devices on A).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_one_cap() {
-    let (pool, db_url) = fresh_database().await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
-    sink.set_gone_prefix(Some("gone-"));
     let prefix = unique_name("ppcap");
+    let capping = redis_cap(2, format!("redis://{REDIS}"), &prefix);
+    let mut wa = TestWorker::options().settings(&capping).prepare().await;
+    let sink = wa.sink();
+    sink.set_gone_prefix(Some("gone-"));
+    wa.start().await;
+    let mut wb = TestWorker::options()
+        .alongside(&wa)
+        .settings(&capping)
+        .spawn()
+        .await;
     let run = unique_name("cap").replace('_', "-");
-    let (topic_a, topic_b) = (fresh_topic(1).await, fresh_topic(1).await);
-    let a = worker(&sink, &db_url, &topic_a, &pool, &prefix).await;
-    let b = worker(&sink, &db_url, &topic_b, &pool, &prefix).await;
+    let pool = wa.pool.clone();
+    let (topic_a, topic_b) = (wa.topic.clone(), wb.topic.clone());
+    let (a, b) = (wa.take_worker(), wb.take_worker());
     let shared = format!("{run}-shared");
     let gone = format!("gone-{run}");
     let campaigns: Vec<String> = (1..=3).map(|c| format!("{run}-c{c}")).collect();
@@ -558,30 +530,13 @@ async fn two_workers_share_one_cap() {
 /// reaches the sink), then decided exactly once Redis is back; nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_holds_jobs_while_redis_is_down() {
-    let (pool, db_url) = fresh_database().await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
     let proxy = Proxy::start(REDIS).await;
     let prefix = unique_name("ppcap");
     let run = unique_name("capdown").replace('_', "-");
-    let topic = fresh_topic(1).await;
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.clone()),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-        ("worker.stats_flush_ms", "200".into()),
-        ("capping.enabled", "true".into()),
-        ("capping.scope", "redis".into()),
-        ("capping.max_per_device", "1".into()),
-        ("redis.url", format!("redis://127.0.0.1:{}", proxy.port)),
-        ("redis.key_prefix", prefix.clone()),
-        ("redis.connect_timeout_ms", "500".into()),
-    ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let w = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .unwrap();
+    let capping = redis_cap(1, format!("redis://127.0.0.1:{}", proxy.port), &prefix);
+    let mut tw = TestWorker::options().settings(&capping).spawn().await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
+    let w = tw.take_worker();
     let (x, y) = (format!("{run}-x"), format!("{run}-y"));
     let campaign = format!("{run}-c");
     produce(

@@ -1,6 +1,7 @@
 //! Distributed mode against the real Redis on 127.0.0.1:6379 (a unique key prefix per
 //! test) and, for several workers, real `pushpace run` processes on the real broker.
 
+use crate::harness::{produce_spread, TestWorker};
 use crate::helpers::{
     brokers, fresh_database, owned_partitions, pacing_lock, spawn_logged, unique_name, wait_for,
     worker_log, Proxy,
@@ -15,7 +16,6 @@ use pushpace::limiter::{
 use pushpace::tools::produce::ProducePlan;
 use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::worker::scheduler::acquire_catching_up;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -605,10 +605,7 @@ const LEASES_IDLE: Duration = Duration::from_millis(500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_a_campaign_moved_to_redis_scope_and_back_rebuilds_its_limiter_at_its_rate() {
-    use crate::api::{app_settings, spawn_app_on, TOKEN};
     let _g = pacing_lock().await;
-    let (pool, db_url) = fresh_database().await;
-    let topic = crate::helpers::fresh_topic(2).await;
     let plan = ProducePlan::with_rates(
         &unique_name("scope").replace('_', "-"),
         &[(200.0, 8000)],
@@ -616,28 +613,21 @@ async fn paced_a_campaign_moved_to_redis_scope_and_back_rebuilds_its_limiter_at_
         Some(Algorithm::Gcra),
     )
     .unwrap();
-    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
-        .await
-        .unwrap();
     let prefix = unique_name("pp");
     // The configured default is local; only the campaign's own scope asks for Redis.
-    let extra = [
-        ("kafka.topic", topic),
-        ("kafka.group_id", unique_name("g")),
-        ("sender.kind", "null".to_string()),
-        ("worker.stats_flush_ms", "200".to_string()),
-        ("limiter.scope", "local".to_string()),
-        ("limiter.workers_estimate", "1".to_string()),
-        ("redis.key_prefix", prefix.clone()),
-        ("redis.url", format!("redis://{REDIS}")),
-    ];
-    let settings = app_settings(TOKEN, &db_url, &extra);
-    let sender = pushpace::provider::build::build(&settings).unwrap();
-    let worker = pushpace::worker::Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .unwrap();
-    let view = pushpace::api::WorkerView::of(&worker);
-    let api = spawn_app_on(pool, db_url, TOKEN, Some(view), None, &extra).await;
+    let mut tw = TestWorker::options()
+        .partitions(2)
+        .null_sender()
+        .api()
+        .settings(&[
+            ("limiter.scope", "local".to_string()),
+            ("limiter.workers_estimate", "1".to_string()),
+            ("redis.key_prefix", prefix.clone()),
+            ("redis.url", format!("redis://{REDIS}")),
+        ])
+        .spawn_with_plan(&plan)
+        .await;
+    let (worker, api) = (tw.take_worker(), tw.take_api());
     let id = plan.campaigns[0].id.clone();
     let key = redis_gcra::key(&prefix, &id);
     let mut c = conn().await;
@@ -711,27 +701,6 @@ async fn paced_a_campaign_moved_to_redis_scope_and_back_rebuilds_its_limiter_at_
     }
     worker.shutdown().await.unwrap();
     api.app.stop().await.unwrap();
-}
-
-/// Jobs of `plan` spread round-robin over `partitions` partitions.
-async fn produce_spread(topic: &str, plan: &ProducePlan, partitions: i32) {
-    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
-        .create()
-        .unwrap();
-    for (i, job) in plan.jobs().enumerate() {
-        let value = job.to_json();
-        producer
-            .send(
-                FutureRecord::to(topic)
-                    .key(&job.campaign_id)
-                    .payload(&value)
-                    .partition(i as i32 % partitions),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
-    }
 }
 
 /// Three workers at 2,000/s, settled (the test fails if the group does not settle

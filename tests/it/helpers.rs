@@ -238,26 +238,6 @@ pub fn test_settings(overrides: &[(&str, String)]) -> pushpace::config::Settings
     .expect("test settings")
 }
 
-/// Settings for a worker on `topic` of the shared broker, a fresh group, the database
-/// `db_url` and a loopback sink at `sink_url`, with 200 ms flushes and `extra` on top.
-pub fn sink_worker_settings(
-    topic: &str,
-    db_url: &str,
-    sink_url: &str,
-    extra: &[(&str, String)],
-) -> pushpace::config::Settings {
-    let mut overrides = vec![
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.to_string()),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url.to_string()),
-        ("sender.url", sink_url.to_string()),
-        ("worker.stats_flush_ms", "200".to_string()),
-    ];
-    overrides.extend(extra.iter().cloned());
-    test_settings(&overrides)
-}
-
 /// A topic of the test's own on the shared broker.
 pub async fn fresh_topic(partitions: i32) -> String {
     let topic = unique_name("jobs");

@@ -1,15 +1,12 @@
 //! Token hygiene and frequency capping: the cap's decisions against an exact model
 //! (virtual clock), and gone tokens against real PostgreSQL, the broker and the sink.
 
-use crate::helpers::{
-    brokers, fresh_database, fresh_topic, requests_for, test_settings, unique_name, wait_for,
-};
+use crate::harness::{job_at, produce_job, TestWorker};
+use crate::helpers::{requests_for, unique_name, wait_for};
 use proptest::prelude::*;
 use pushpace::capping::{CapConfig, CapDecision, FrequencyCap};
 use pushpace::hygiene::{bloom_key, token_hash, BloomFilter};
 use pushpace::limiter::{Clock, ManualClock, Nanos};
-use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
-use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
 use pushpace::worker::Worker;
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -111,41 +108,23 @@ fn colliding_token(gone: &str) -> (String, String) {
 }
 
 async fn produce(topic: &str, campaign: &str, job_id: &str, devices: &[&str]) {
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
-        .create()
-        .unwrap();
-    let devices = serde_json::to_string(devices).unwrap();
-    let value = format!(
-        r#"{{"job_id":"{job_id}","campaign_id":"{campaign}","send_rate":1000,"devices":{devices},"payload":{{"t":1}}}}"#
-    );
-    producer
-        .send(
-            FutureRecord::to(topic).key(campaign).payload(&value),
-            Duration::from_secs(30),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .unwrap();
+    produce_job(topic, &job_at(job_id, campaign, 1000.0, devices)).await;
 }
 
-async fn worker(sink: &SinkHandle, db_url: &str, topic: &str, pool: &PgPool) -> Worker {
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.to_string()),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url.to_string()),
-        ("sender.url", sink.url()),
-        ("worker.stats_flush_ms", "200".into()),
-        // A 64-bit, one-hash filter: collisions are easy to make.
+/// A worker with a 64-bit, one-hash filter (collisions are easy to make), next to
+/// `other` (its database and sink) if given; the worker is handed out.
+async fn worker(other: Option<&TestWorker>) -> (TestWorker, Worker) {
+    let mut options = TestWorker::options().settings(&[
         ("hygiene.expected_tokens", "1".into()),
         ("hygiene.false_positive_rate", "0.5".into()),
         ("hygiene.reload_ms", "200".into()),
     ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .expect("start worker")
+    if let Some(other) = other {
+        options = options.alongside(other);
+    }
+    let mut tw = options.spawn().await;
+    let w = tw.take_worker();
+    (tw, w)
 }
 
 async fn skipped(pool: &PgPool, campaign: &str) -> i64 {
@@ -161,20 +140,15 @@ async fn skipped(pool: &PgPool, campaign: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_gone_once_is_never_sent_again_by_any_worker() {
-    let (pool, db_url) = fresh_database().await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    // A and B run from the start, so B learns of the token only by its reload.
+    let (ta, a) = worker(None).await;
+    let (tb, b) = worker(Some(&ta)).await;
+    let (pool, sink) = (ta.pool.clone(), ta.sink());
     sink.set_gone_prefix(Some("gone-"));
     let run = unique_name("h").replace('_', "-");
     let gone = format!("gone-{run}");
     let (collides, clear) = colliding_token(&gone);
-    let (topic_a, topic_b, topic_c) = (
-        fresh_topic(1).await,
-        fresh_topic(1).await,
-        fresh_topic(1).await,
-    );
-    // A and B run from the start, so B learns of the token only by its reload.
-    let a = worker(&sink, &db_url, &topic_a, &pool).await;
-    let b = worker(&sink, &db_url, &topic_b, &pool).await;
+    let (topic_a, topic_b) = (ta.topic.clone(), tb.topic.clone());
 
     let c1 = format!("{run}-c1");
     produce(
@@ -220,7 +194,8 @@ async fn a_token_gone_once_is_never_sent_again_by_any_worker() {
         &[&gone, &collides, "ok-4"],
     )
     .await;
-    let c = worker(&sink, &db_url, &topic_c, &pool).await;
+    let (tc, c) = worker(Some(&ta)).await;
+    let topic_c = tc.topic.clone();
     produce(&topic_c, &c4, &format!("{run}-j4"), &[&gone]).await;
     produce(&topic_c, &c4, &format!("{run}-j5"), &[&clear]).await;
     wait_for("every valid token", Duration::from_secs(60), || {
@@ -273,9 +248,15 @@ async fn a_token_gone_once_is_never_sent_again_by_any_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capped_device_is_counted_and_not_sent() {
-    let (pool, db_url) = fresh_database().await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
-    let topic = fresh_topic(1).await;
+    let mut tw = TestWorker::options()
+        .settings(&[
+            ("capping.enabled", "true".into()),
+            ("capping.max_per_device", "2".into()),
+            ("capping.expected_devices", "1000".into()),
+        ])
+        .prepare()
+        .await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
     let run = unique_name("cap").replace('_', "-");
     let campaign = format!("{run}-c");
     let busy = format!("{run}-busy");
@@ -283,21 +264,8 @@ async fn a_capped_device_is_counted_and_not_sent() {
         let other = format!("{run}-other-{j}");
         produce(&topic, &campaign, &format!("{run}-j{j}"), &[&busy, &other]).await;
     }
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.clone()),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-        ("worker.stats_flush_ms", "200".into()),
-        ("capping.enabled", "true".into()),
-        ("capping.max_per_device", "2".into()),
-        ("capping.expected_devices", "1000".into()),
-    ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let w = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .unwrap();
+    tw.start().await;
+    let w = tw.take_worker();
     wait_for("every job finished", Duration::from_secs(60), || {
         (0..4).all(|j| requests_for(&sink, &format!("{run}-other-{j}")) == 1)
             && w.scheduler_stats.borrow().capped == 2

@@ -1,17 +1,12 @@
 //! Campaign lifecycle through the real worker, tansu and PostgreSQL: weights under a
 //! cap that binds, start times, expiry and cancel.
 
-use crate::helpers::{
-    brokers, fresh_database, fresh_topic, pacing_lock, sink_worker_settings, unique_name, wait_for,
-};
+use crate::harness::{produce_jobs, produce_plan, Producer, TestWorker, TestWorkerOptions};
+use crate::helpers::{pacing_lock, unique_name, wait_for};
 use pushpace::job::{Job, Lifecycle};
 use pushpace::limiter::Algorithm;
-use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
 use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch, CampaignStatus};
 use pushpace::tools::produce::ProducePlan;
-use pushpace::tools::sink::{Sink, SinkConfig};
-use pushpace::worker::Worker;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;
 
 /// How long a worker may take to join its group and start sending (tansu's group join).
@@ -25,9 +20,12 @@ const WINDOW: Duration = Duration::from_secs(4);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_weights_share_a_binding_cap_in_proportion() {
     let _serial = pacing_lock().await;
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(8).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let mut tw = TestWorker::options()
+        .partitions(8)
+        .settings(&[("limiter.global_rate", "600".into())])
+        .prepare()
+        .await;
+    let (pool, sink) = (tw.pool.clone(), tw.sink());
     let plan = ProducePlan::with_rates(
         &unique_name("w"),
         &[(1000.0, 4000), (1000.0, 4000), (1000.0, 4000)],
@@ -46,19 +44,9 @@ async fn paced_weights_share_a_binding_cap_in_proportion() {
             .await
             .unwrap();
     }
-    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
-        .await
-        .expect("produce");
-    let settings = sink_worker_settings(
-        &topic,
-        &db_url,
-        &sink.url(),
-        &[("limiter.global_rate", "600".into())],
-    );
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .expect("start worker");
+    produce_plan(&tw.topic, &plan).await;
+    tw.start().await;
+    let worker = tw.take_worker();
     wait_for("every campaign sending", GROUP_JOIN_LIMIT, || {
         plan.campaigns
             .iter()
@@ -128,26 +116,6 @@ fn job(id: &str, campaign: &str, n: usize, lifecycle: Lifecycle) -> Job {
     job
 }
 
-/// Produces jobs, in order, to partition 0.
-async fn produce_jobs(topic: &str, jobs: &[Job]) {
-    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
-        .create()
-        .expect("producer");
-    for j in jobs {
-        let value = j.to_json();
-        producer
-            .send(
-                FutureRecord::to(topic)
-                    .partition(0)
-                    .key(j.campaign_id.as_str())
-                    .payload(&value),
-                Duration::from_secs(10),
-            )
-            .await
-            .expect("produce");
-    }
-}
-
 async fn put(pool: &sqlx::PgPool, id: &str, patch: CampaignPatch) {
     campaigns::put(pool, id, &patch, &CampaignDefaults::default())
         .await
@@ -165,9 +133,11 @@ const START_RESOLUTION: Duration = Duration::from_millis(1);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_a_start_time_holds_its_campaign_and_not_the_partition() {
     let _serial = pacing_lock().await;
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(1).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let mut tw = TestWorker::options()
+        .settings(&[("worker.lookahead_ms", "1000".into())])
+        .prepare()
+        .await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
     let (later, other) = (unique_name("later"), unique_name("other"));
     let far = chrono::Utc::now() + chrono::Duration::hours(1);
     put(
@@ -198,17 +168,9 @@ async fn paced_a_start_time_holds_its_campaign_and_not_the_partition() {
         200,
         Lifecycle::default(),
     ));
-    produce_jobs(&topic, &jobs).await;
-    let settings = sink_worker_settings(
-        &topic,
-        &db_url,
-        &sink.url(),
-        &[("worker.lookahead_ms", "1000".into())],
-    );
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .expect("start worker");
+    produce_jobs(&topic, &jobs, Some(0)).await;
+    tw.start().await;
+    let worker = tw.take_worker();
     wait_for("the other campaign sent", GROUP_JOIN_LIMIT, || {
         sink.campaign(&other).is_some_and(|s| s.delivered >= 200)
     })
@@ -269,9 +231,8 @@ async fn paced_a_start_time_holds_its_campaign_and_not_the_partition() {
 /// sent at all; every offset moves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_counts_the_unsent_and_letters_each_job_once() {
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(1).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let mut tw = TestWorker::options().prepare().await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
     let exp = unique_name("exp");
     put(
         &pool,
@@ -290,12 +251,9 @@ async fn expiry_counts_the_unsent_and_letters_each_job_once() {
         .map(|j| job(&format!("{exp}-{j}"), &exp, 100, Lifecycle::default()))
         .collect();
     jobs.push(job(&format!("{exp}-past"), &exp, 50, past));
-    produce_jobs(&topic, &jobs).await;
-    let settings = sink_worker_settings(&topic, &db_url, &sink.url(), &[]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .expect("start worker");
+    produce_jobs(&topic, &jobs, Some(0)).await;
+    tw.start().await;
+    let worker = tw.take_worker();
     wait_for("sending", GROUP_JOIN_LIMIT, || {
         sink.campaign(&exp).is_some_and(|s| s.delivered >= 10)
     })
@@ -370,9 +328,11 @@ async fn expiry_counts_the_unsent_and_letters_each_job_once() {
 /// campaign's history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_ends_held_parked_and_later_jobs() {
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(1).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let mut tw = TestWorker::options()
+        .settings(&[("worker.lookahead_ms", "1000".into())])
+        .prepare()
+        .await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
     let can = unique_name("can");
     put(
         &pool,
@@ -386,17 +346,9 @@ async fn cancel_ends_held_parked_and_later_jobs() {
     let jobs: Vec<Job> = (0..5)
         .map(|j| job(&format!("{can}-{j}"), &can, 100, Lifecycle::default()))
         .collect();
-    produce_jobs(&topic, &jobs).await;
-    let settings = sink_worker_settings(
-        &topic,
-        &db_url,
-        &sink.url(),
-        &[("worker.lookahead_ms", "1000".into())],
-    );
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .expect("start worker");
+    produce_jobs(&topic, &jobs, Some(0)).await;
+    tw.start().await;
+    let worker = tw.take_worker();
     wait_for("sending, later jobs parked", GROUP_JOIN_LIMIT, || {
         sink.campaign(&can).is_some_and(|s| s.delivered >= 10)
             && worker.consumer_stats.borrow().parked_jobs > 0
@@ -408,6 +360,7 @@ async fn cancel_ends_held_parked_and_later_jobs() {
     produce_jobs(
         &topic,
         &[job(&format!("{can}-late"), &can, 30, Lifecycle::default())],
+        Some(0),
     )
     .await;
     let end = std::time::Instant::now() + Duration::from_secs(30);
@@ -448,14 +401,23 @@ async fn cancel_ends_held_parked_and_later_jobs() {
 /// figures the API reads stay still while the test compares them.
 const STILL_RATE: f64 = 0.01;
 
+/// A worker with the null sender and a 1 s lookahead over `partitions`, the API next to
+/// it.
+fn still_api_worker(partitions: i32) -> TestWorkerOptions {
+    TestWorker::options()
+        .partitions(partitions)
+        .null_sender()
+        .api()
+        .settings(&[("worker.lookahead_ms", "1000".into())])
+}
+
 /// Progress and ETA through the API next to a real worker: the devices it holds and has
 /// parked are `known_remaining`; with `campaign_total_devices` the ETA rests on the
 /// stated total; the effective rate is the one used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_and_eta_count_held_and_parked_devices() {
-    use crate::api::{app_settings, spawn_app_on, TOKEN};
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(1).await;
+    let mut tw = still_api_worker(1).prepare().await;
+    let (pool, topic) = (tw.pool.clone(), tw.topic.clone());
     let (slow, sized) = (unique_name("slow"), unique_name("sized"));
     for id in [&slow, &sized] {
         put(
@@ -476,21 +438,9 @@ async fn progress_and_eta_count_held_and_parked_devices() {
         .map(|j| job(&format!("{slow}-{j}"), &slow, 100, Lifecycle::default()))
         .collect();
     jobs.push(job(&format!("{sized}-0"), &sized, 100, stated));
-    produce_jobs(&topic, &jobs).await;
-    let extra = [
-        ("kafka.topic", topic.clone()),
-        ("kafka.group_id", unique_name("g")),
-        ("sender.kind", "null".to_string()),
-        ("worker.stats_flush_ms", "200".to_string()),
-        ("worker.lookahead_ms", "1000".to_string()),
-    ];
-    let settings = app_settings(TOKEN, &db_url, &extra);
-    let sender = pushpace::provider::build::build(&settings).unwrap();
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .expect("start worker");
-    let view = pushpace::api::WorkerView::of(&worker);
-    let api = spawn_app_on(pool.clone(), db_url, TOKEN, Some(view), None, &extra).await;
+    produce_jobs(&topic, &jobs, Some(0)).await;
+    tw.start().await;
+    let (worker, api) = (tw.take_worker(), tw.take_api());
     wait_for(
         "both held, slow's later jobs parked",
         GROUP_JOIN_LIMIT,
@@ -576,9 +526,8 @@ async fn progress_and_eta_count_held_and_parked_devices() {
 /// one of them sums both workers' held and parked devices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_sums_over_the_workers_that_hold_a_campaign() {
-    use crate::api::{app_settings, spawn_app_on, TOKEN};
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(2).await;
+    let mut tw = still_api_worker(2).prepare().await;
+    let (pool, topic) = (tw.pool.clone(), tw.topic.clone());
     let shared = unique_name("shared");
     put(
         &pool,
@@ -589,39 +538,15 @@ async fn progress_sums_over_the_workers_that_hold_a_campaign() {
         },
     )
     .await;
-    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
-        .create()
-        .expect("producer");
+    let producer = Producer::new();
     for j in 0..6 {
-        let value = job(&format!("{shared}-{j}"), &shared, 100, Lifecycle::default()).to_json();
-        producer
-            .send(
-                FutureRecord::to(&topic)
-                    .partition(j % 2)
-                    .key(shared.as_str())
-                    .payload(&value),
-                Duration::from_secs(10),
-            )
-            .await
-            .expect("produce");
+        let job = job(&format!("{shared}-{j}"), &shared, 100, Lifecycle::default());
+        producer.job(&topic, &job, Some(j % 2)).await;
     }
-    let extra = [
-        ("kafka.topic", topic.clone()),
-        ("kafka.group_id", unique_name("g")),
-        ("sender.kind", "null".to_string()),
-        ("worker.stats_flush_ms", "200".to_string()),
-        ("worker.lookahead_ms", "1000".to_string()),
-    ];
-    let settings = app_settings(TOKEN, &db_url, &extra);
-    let start = || async {
-        let sender = pushpace::provider::build::build(&settings).unwrap();
-        Worker::start(&settings, pool.clone(), brokers(), sender)
-            .await
-            .expect("start worker")
-    };
-    let (a, b) = (start().await, start().await);
-    let view = pushpace::api::WorkerView::of(&a);
-    let api = spawn_app_on(pool.clone(), db_url, TOKEN, Some(view), None, &extra).await;
+    // Two workers in one group; the API reads the first.
+    tw.start().await;
+    let b = tw.start_another().await;
+    let (a, api) = (tw.take_worker(), tw.take_api());
     let path = format!("/api/campaigns/{shared}");
     let end = std::time::Instant::now() + GROUP_JOIN_LIMIT;
     let r = loop {

@@ -13,6 +13,7 @@ mod cli;
 mod dead_letters;
 mod distributed;
 mod fcm;
+mod harness;
 mod helpers;
 mod hygiene;
 mod job;

@@ -1,57 +1,28 @@
 //! The worker pipeline end to end, against the real tansu broker, real PostgreSQL and a
 //! real loopback HTTP sink that timestamps every request.
 
-use crate::helpers::{
-    brokers, fresh_database, fresh_topic, pacing_lock, test_settings, unique_name, wait_for,
+use crate::harness::{
+    job_at, produce_jobs, produce_plan, PlannedRun as Run, Producer, Record, TestWorker,
 };
+use crate::helpers::{brokers, fresh_database, fresh_topic, pacing_lock, unique_name, wait_for};
 use pushpace::limiter::{Algorithm, Rate};
-use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
 use pushpace::tools::produce::{PlannedCampaign, ProducePlan};
-use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
+use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::worker::Worker;
-use sqlx::PgPool;
 use std::time::{Duration, Instant};
-
-struct Run {
-    pool: PgPool,
-    sink: SinkHandle,
-    worker: Option<Worker>,
-    plan: ProducePlan,
-}
 
 async fn start(
     campaigns: &[(f64, usize)],
     algorithm: Option<Algorithm>,
     extra: &[(&str, String)],
 ) -> Run {
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(8).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
     let run_id = unique_name("r");
     let plan = ProducePlan::with_rates(&run_id.clone(), campaigns, 250, algorithm).unwrap();
-    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
+    TestWorker::options()
+        .partitions(8)
+        .settings(extra)
+        .run_plan(plan)
         .await
-        .expect("produce");
-    let mut overrides = vec![
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-        ("worker.stats_flush_ms", "200".to_string()),
-    ];
-    overrides.extend(extra.iter().cloned());
-    let settings = test_settings(&overrides);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .expect("start worker");
-    Run {
-        pool,
-        sink,
-        worker: Some(worker),
-        plan,
-    }
 }
 
 impl Run {
@@ -66,18 +37,12 @@ impl Run {
         }
     }
 
-    async fn stop(&mut self) {
-        if let Some(w) = self.worker.take() {
-            w.shutdown().await.expect("graceful shutdown");
-        }
-    }
-
     async fn recorded_sent(&self, campaign: &str) -> i64 {
         sqlx::query_scalar::<_, Option<i64>>(
             "SELECT sum(sent)::bigint FROM delivery_seconds WHERE campaign_id = $1",
         )
         .bind(campaign)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.tw.pool)
         .await
         .unwrap()
         .unwrap_or(0)
@@ -157,13 +122,7 @@ async fn more_campaigns_than_slots_all_complete_with_at_most_100_active() {
     let campaigns: Vec<(f64, usize)> = (0..120).map(|_| (1000.0, 20)).collect();
     let mut run = start(&campaigns, None, &[]).await;
     run.wait_all_delivered(Duration::from_secs(60)).await;
-    let max_active = run
-        .worker
-        .as_ref()
-        .unwrap()
-        .scheduler_stats
-        .borrow()
-        .max_active_seen;
+    let max_active = run.tw.worker().scheduler_stats.borrow().max_active_seen;
     run.stop().await;
     assert_eq!(run.sink.summary().distinct_delivered, run.total());
     assert!(
@@ -186,7 +145,7 @@ async fn paced_rate_change_in_the_table_reaches_the_sink_within_a_second() {
     .await;
     sqlx::query("UPDATE campaigns SET send_rate = 400 WHERE id = $1")
         .bind(&id)
-        .execute(&run.pool)
+        .execute(&run.tw.pool)
         .await
         .unwrap();
     // The sink's clock at the change: its latest arrival (one arrives every 10 ms).
@@ -263,19 +222,13 @@ async fn paced_global_rate_is_shared_max_min_fairly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_messages_are_dead_lettered_and_valid_jobs_around_them_delivered() {
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(2).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
-    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
-        .create()
-        .unwrap();
+    let mut tw = TestWorker::options().partitions(2).prepare().await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
+    let producer = Producer::new();
     let campaign = unique_name("bad").replace('_', "-");
     let valid = |i: usize| {
-        format!(
-            r#"{{"job_id":"{campaign}-j{i}","campaign_id":"{campaign}","send_rate":1000,"devices":["d{i}a","d{i}b"],"payload":{{"t":1}}}}"#
-        )
-        .into_bytes()
+        let devices = [format!("d{i}a"), format!("d{i}b")];
+        job_at(&format!("{campaign}-j{i}"), &campaign, 1000.0, &devices).to_json()
     };
     // (what, message, kind, what the reason must name)
     let bad: Vec<(&str, Vec<u8>, &str, &str)> = vec![
@@ -296,31 +249,17 @@ async fn bad_messages_are_dead_lettered_and_valid_jobs_around_them_delivered() {
             .iter()
             .enumerate()
         {
-            let delivered = producer
-                .send(
-                    FutureRecord::to(&topic).key(&campaign).payload(v),
-                    Duration::from_secs(30),
-                )
-                .await
-                .map_err(|(e, _)| e)
-                .unwrap();
+            let at = producer
+                .send(&topic, Record::of(v).key(campaign.as_bytes()))
+                .await;
             if j == 1 {
-                bad_at.push((delivered.partition, delivered.offset));
+                bad_at.push(at);
             }
         }
         expected_valid += 2;
     }
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.clone()),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-    ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .unwrap();
+    tw.start().await;
+    let worker = tw.take_worker();
     let end = Instant::now() + Duration::from_secs(60);
     while sink.summary().distinct_delivered < expected_valid * 2 && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -409,7 +348,7 @@ async fn paced_provider_trouble_loses_nothing_and_keeps_the_rate() {
         "SELECT sum(retried)::bigint FROM delivery_seconds WHERE campaign_id = $1",
     )
     .bind(&id)
-    .fetch_one(&run.pool)
+    .fetch_one(&run.tw.pool)
     .await
     .unwrap();
     assert_eq!(retried as u64, s.requests - s.delivered, "retries recorded");
@@ -464,7 +403,7 @@ async fn paced_slow_and_reset_provider_loses_nothing_and_keeps_the_rate() {
         "SELECT sum(sent)::bigint, sum(failed)::bigint FROM delivery_seconds WHERE campaign_id = $1",
     )
     .bind(&id)
-    .fetch_one(&run.pool)
+    .fetch_one(&run.tw.pool)
     .await
     .unwrap();
     assert_eq!(sent as u64, run.total(), "each device recorded once");
@@ -496,7 +435,7 @@ async fn a_device_failing_past_its_give_up_budget_is_dead_lettered_with_the_reas
         tokio::time::sleep(Duration::from_millis(200)).await;
         reasons =
             sqlx::query_scalar("SELECT reason FROM dead_letters WHERE kind = 'undeliverable'")
-                .fetch_all(&run.pool)
+                .fetch_all(&run.tw.pool)
                 .await
                 .unwrap();
     }
@@ -528,7 +467,7 @@ async fn a_device_failing_past_its_give_up_budget_is_dead_lettered_with_the_reas
         "SELECT coalesce(sum(failed), 0)::bigint FROM delivery_seconds WHERE campaign_id = $1",
     )
     .bind(&id)
-    .fetch_one(&run.pool)
+    .fetch_one(&run.tw.pool)
     .await
     .unwrap();
     assert_eq!(failed, 5);
@@ -543,30 +482,15 @@ async fn produce_to_partition(
     jobs: std::ops::Range<usize>,
     devices: usize,
 ) {
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
-        .create()
-        .unwrap();
-    for i in jobs {
-        let list: Vec<String> = (0..devices)
-            .map(|d| format!("\"{campaign}-{i}-{d}\""))
-            .collect();
-        let v = format!(
-            r#"{{"job_id":"{campaign}-j{i}","campaign_id":"{campaign}","send_rate":{rate},"devices":[{}],"payload":{{}}}}"#,
-            list.join(",")
-        );
-        producer
-            .send(
-                FutureRecord::to(topic)
-                    .partition(partition)
-                    .key(campaign)
-                    .payload(&v),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
-    }
+    let jobs: Vec<_> = jobs
+        .map(|i| {
+            let list: Vec<String> = (0..devices)
+                .map(|d| format!("{campaign}-{i}-{d}"))
+                .collect();
+            job_at(&format!("{campaign}-j{i}"), campaign, rate.into(), &list)
+        })
+        .collect();
+    produce_jobs(topic, &jobs, Some(partition)).await;
 }
 
 /// The head-of-line case the soak found: a fast campaign whose jobs sit behind a slow
@@ -576,24 +500,14 @@ async fn produce_to_partition(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_a_slow_campaign_parks_its_backlog_and_the_fast_one_behind_it_runs() {
     let _serial = pacing_lock().await;
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(2).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let mut tw = TestWorker::options().partitions(2).prepare().await;
+    let (topic, sink) = (tw.topic.clone(), tw.sink());
     let slow = unique_name("slow").replace('_', "-");
     let fast = unique_name("fast").replace('_', "-");
     produce_to_partition(&topic, 0, &slow, 5, 0..400, 500).await;
     produce_to_partition(&topic, 0, &fast, 1000, 0..10, 300).await;
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.clone()),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-    ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .unwrap();
+    tw.start().await;
+    let worker = tw.take_worker();
     let end = Instant::now() + Duration::from_secs(40);
     let (mut max_buffered, mut max_parked) = (0, 0);
     while Instant::now() < end {
@@ -642,24 +556,19 @@ async fn paced_a_slow_campaign_parks_its_backlog_and_the_fast_one_behind_it_runs
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_parked_offsets_are_re_read_and_keep_up_with_the_rate() {
     let _serial = pacing_lock().await;
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(2).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    let mut tw = TestWorker::options()
+        .partitions(2)
+        .settings(&[
+            ("worker.lookahead_ms", "100".into()),
+            ("worker.max_parked_bytes", "0".into()),
+        ])
+        .prepare()
+        .await;
+    let (topic, sink) = (tw.topic.clone(), tw.sink());
     let id = unique_name("reread").replace('_', "-");
     produce_to_partition(&topic, 0, &id, 2000, 0..40, 200).await;
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.clone()),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-        ("worker.lookahead_ms", "100".into()),
-        ("worker.max_parked_bytes", "0".into()),
-    ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .unwrap();
+    tw.start().await;
+    let worker = tw.take_worker();
     let end = Instant::now() + Duration::from_secs(40);
     let mut max_parked = 0;
     while Instant::now() < end {
@@ -705,28 +614,29 @@ const MAX_PARKED_WHEN_PAUSED: usize = PARKED_SHARE;
 /// it; its first jobs are still being looked up then, so a few can go at once.
 const PARKED_SEEN_AT_LEAST: usize = PARKED_SHARE - 5;
 
+/// A worker over two partitions with `worker.max_parked_jobs` = [`MAX_PARKED_JOBS`], a
+/// slow campaign's 300 jobs (5/s, 10 devices each) in partition 0 before it starts.
+async fn slow_backlog_worker() -> (TestWorker, Worker) {
+    let mut tw = TestWorker::options()
+        .partitions(2)
+        .settings(&[
+            // Two partitions: a share of PARKED_SHARE parked jobs each.
+            ("worker.max_parked_jobs", MAX_PARKED_JOBS.to_string()),
+        ])
+        .prepare()
+        .await;
+    let slow = unique_name("slow").replace('_', "-");
+    produce_to_partition(&tw.topic, 0, &slow, 5, 0..300, 10).await;
+    tw.start().await;
+    let worker = tw.take_worker();
+    (tw, worker)
+}
+
 /// Parking is bounded too: past its share of `worker.max_parked_jobs` a partition is
 /// paused (its backlog then waits unread in Kafka), and resumed below half.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_pauses_when_its_parked_jobs_pass_their_share() {
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(2).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
-    let slow = unique_name("slow").replace('_', "-");
-    produce_to_partition(&topic, 0, &slow, 5, 0..300, 10).await;
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.clone()),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-        // Two partitions: a share of PARKED_SHARE parked jobs each.
-        ("worker.max_parked_jobs", MAX_PARKED_JOBS.to_string()),
-    ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .unwrap();
+    let (_tw, worker) = slow_backlog_worker().await;
     let end = Instant::now() + Duration::from_secs(30);
     let (mut saw_paused, mut max_parked) = (false, 0);
     while Instant::now() < end && !saw_paused {
@@ -754,24 +664,8 @@ async fn a_partition_pauses_when_its_parked_jobs_pass_their_share() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_paused_before_a_rebalance_is_read_again_after_it() {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(2).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
-    let slow = unique_name("slow").replace('_', "-");
-    produce_to_partition(&topic, 0, &slow, 5, 0..300, 10).await;
-    let group = unique_name("g");
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic.clone()),
-        ("kafka.group_id", group.clone()),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-        ("worker.max_parked_jobs", MAX_PARKED_JOBS.to_string()),
-    ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .unwrap();
+    let (tw, worker) = slow_backlog_worker().await;
+    let topic = tw.topic.clone();
     let paused = |w: &Worker| w.consumer_stats.borrow().paused_partitions == vec![0];
     let end = Instant::now() + Duration::from_secs(30);
     while Instant::now() < end && !paused(&worker) {
@@ -784,8 +678,8 @@ async fn a_partition_paused_before_a_rebalance_is_read_again_after_it() {
 
     // A second member joins the group and leaves: two rebalances, each revoking and
     // re-assigning the worker's partitions.
-    let mut kafka = settings.kafka.clone();
-    kafka.group_id = group;
+    // The worker's settings name its group.
+    let kafka = tw.settings.kafka.clone();
     let member: BaseConsumer = pushpace::broker::consumer_config(&kafka, &brokers())
         .create()
         .unwrap();
@@ -849,9 +743,7 @@ async fn sigterm_mid_run_then_restart_loses_nothing() {
         algorithm: Some(Algorithm::Gcra),
         run_id,
     };
-    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
-        .await
-        .unwrap();
+    produce_plan(&topic, &plan).await;
     let group = unique_name("g");
 
     let mut first =

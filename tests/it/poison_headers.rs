@@ -4,13 +4,13 @@
 //! mock cluster (tansu refuses to store such a record). Both must come back from
 //! `inspect_message` as `malformed_job`, without a panic.
 
+use crate::harness::{Producer, Record};
 use crate::helpers::{brokers, fresh_topic, unique_name};
 use pushpace::store::DeadLetterKind;
 use pushpace::worker::message::{inspect_message, raw_headers, HeaderSource, Rejection};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Headers, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
 
@@ -25,22 +25,13 @@ const READ_BACK_LIMIT: Duration = Duration::from_secs(60);
 const UNPARSEABLE_HEADER_COUNT: usize = 100_001;
 
 async fn produce(bootstrap: &str, topic: &str, headers: Vec<OwnedHeaders>) {
-    let producer: FutureProducer = pushpace::broker::producer_config(bootstrap)
-        .create()
-        .expect("producer");
+    let producer = Producer::on(bootstrap);
     for h in headers {
-        producer
-            .send(
-                FutureRecord::to(topic)
-                    .partition(0)
-                    .key("c1")
-                    .payload(JOB)
-                    .headers(h),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .expect("produce");
+        let record = Record::of(JOB.as_bytes())
+            .key(b"c1")
+            .partition(0)
+            .headers(h);
+        producer.send(topic, record).await;
     }
 }
 

@@ -2,6 +2,7 @@
 //! Nothing may be lost, and the damage (duplicates) must stay within its bound.
 //! The long versions of these suites are scripts; see docs/RELIABILITY.md.
 
+use crate::harness::produce_plan;
 use crate::helpers::{
     brokers, fresh_database, fresh_topic, owned_partitions, sigterm_and_wait, spawn_logged,
     spawn_worker_process, unique_name, wait_for, worker_log, Proxy, TansuBroker,
@@ -36,9 +37,7 @@ async fn kill_9_and_restart_loses_nothing_and_bounds_duplicates() {
     let rate = 1000.0;
     let plan = plan(&[(rate, 6000), (rate / 2.0, 3000)]);
     let total = plan.total_devices() as u64;
-    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
-        .await
-        .unwrap();
+    produce_plan(&topic, &plan).await;
     let group = unique_name("g");
     let flush_ms = 200u64;
     let in_flight = 16u64;
@@ -166,9 +165,7 @@ async fn a_database_outage_pauses_sending_and_the_totals_are_exact_after() {
     .unwrap();
     let id = plan.campaigns[0].id.clone();
     let total = plan.total_devices() as u64;
-    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
-        .await
-        .unwrap();
+    produce_plan(&topic, &plan).await;
     // A small in-memory bound so that the outage exhausts it within seconds.
     let lookahead = OUTAGE_LOOKAHEAD_MS.to_string();
     let env = [
@@ -240,9 +237,7 @@ async fn a_second_worker_joins_then_the_first_leaves_and_nothing_is_lost() {
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
     let plan = plan(&[(400.0, 3000), (400.0, 3000)]);
     let total = plan.total_devices() as u64;
-    pushpace::tools::produce::produce(&brokers(), &topic, &plan, |_| {})
-        .await
-        .unwrap();
+    produce_plan(&topic, &plan).await;
     let group = unique_name("g");
     let names = [unique_name("rebalance-a"), unique_name("rebalance-b")];
     let logs: Vec<_> = names.iter().map(|n| worker_log(n)).collect();

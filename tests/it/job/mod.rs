@@ -7,16 +7,14 @@
 mod properties;
 mod providers;
 
-use crate::helpers::{brokers, fresh_database, fresh_topic, test_settings, unique_name, wait_for};
+use crate::harness::{job_at, Producer, Record, TestWorker};
+use crate::helpers::{unique_name, wait_for};
 use pushpace::job::{
     decode, Job, JobError, MAX_DEVICES, MAX_DEVICE_TOKEN_BYTES, MAX_MESSAGE_BYTES,
     MAX_PAYLOAD_BYTES,
 };
 use pushpace::limiter::{Algorithm, Rate};
-use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
 use pushpace::store::DeadLetterKind;
-use pushpace::tools::sink::{Sink, SinkConfig};
-use pushpace::worker::Worker;
 use serde_json::json;
 use serde_json::value::RawValue;
 use std::time::Duration;
@@ -531,13 +529,9 @@ fn bad_20_sql_metacharacters_in_every_field() {
 /// are all delivered, and none is dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_message_key_is_accepted() {
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-    let (pool, db_url) = fresh_database().await;
-    let topic = fresh_topic(2).await;
-    let sink = Sink::start(SinkConfig::default()).await.unwrap();
-    let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
-        .create()
-        .unwrap();
+    let mut tw = TestWorker::options().partitions(2).prepare().await;
+    let (pool, sink) = (tw.pool.clone(), tw.sink());
+    let producer = Producer::new();
     let campaign = unique_name("keys").replace('_', "-");
     let keys: [Option<&[u8]>; 5] = [
         Some(b"job-0001"),
@@ -547,31 +541,17 @@ async fn any_message_key_is_accepted() {
         None,
     ];
     for (i, key) in keys.iter().enumerate() {
-        let value = format!(
-            r#"{{"job_id":"{campaign}-j{i}","campaign_id":"{campaign}","send_rate":1000,"devices":["d{i}a","d{i}b"],"payload":{{"t":1}}}}"#
-        );
-        let mut record = FutureRecord::<[u8], _>::to(&topic).payload(value.as_bytes());
-        if let Some(k) = key {
-            record = record.key(*k);
-        }
-        producer
-            .send(record, Duration::from_secs(30))
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
+        let devices = [format!("d{i}a"), format!("d{i}b")];
+        let value = job_at(&format!("{campaign}-j{i}"), &campaign, 1000.0, &devices).to_json();
+        let record = Record {
+            key: *key,
+            ..Record::of(&value)
+        };
+        producer.send(&tw.topic, record).await;
     }
     let expected = keys.len() as u64 * 2;
-    let settings = test_settings(&[
-        ("kafka.brokers", brokers()),
-        ("kafka.topic", topic),
-        ("kafka.group_id", unique_name("g")),
-        ("database.url", db_url),
-        ("sender.url", sink.url()),
-    ]);
-    let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
-    let worker = Worker::start(&settings, pool.clone(), brokers(), sender)
-        .await
-        .unwrap();
+    tw.start().await;
+    let worker = tw.take_worker();
     wait_for("every keyed job delivered", Duration::from_secs(60), || {
         sink.summary().distinct_delivered >= expected
     })

@@ -93,7 +93,7 @@ async fn dead_tokens_are_recorded_and_a_second_campaign_skips_them() {
     assert_eq!((c.failed, c.retried, c.rejected), (0, 0, 0), "{c:?}");
     assert_eq!(env.dead_letters(&c1).await, 0);
     // The worker's filter has them (reloaded every 200 ms) before campaign 2 starts.
-    let hygiene = env.worker.as_ref().and_then(|w| w.hygiene.clone());
+    let hygiene = env.worker().hygiene.clone();
     let hygiene = hygiene.expect("hygiene enabled");
     wait_until("the filter to hold the dead tokens", DB_WRITE, || async {
         dead.iter().all(|t| {

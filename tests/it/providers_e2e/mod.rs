@@ -9,11 +9,10 @@ mod apns;
 mod fcm;
 mod webpush;
 
-use crate::helpers::{brokers, fresh_database, fresh_topic, test_settings, unique_name};
+use crate::harness::{Producer, Record, TestWorker};
+use crate::helpers::{brokers, unique_name};
 use pushpace::provider::{Provider, ProviderKind, Providers};
 use pushpace::sender::{AnySender, Sender};
-use pushpace::worker::Worker;
-use sqlx::PgPool;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,29 +25,21 @@ pub const GROUP_JOIN: Duration = Duration::from_secs(60);
 /// (invalid tokens, halts, offsets) are written at once; 30 s covers a loaded machine.
 pub const DB_WRITE: Duration = Duration::from_secs(30);
 
-/// One test's database, topic and worker.
-pub struct Env {
-    pub pool: PgPool,
-    pub topic: String,
-    pub group: String,
-    pub worker: Option<Worker>,
+/// One test's database, topic and worker (a [`TestWorker`] without a sink).
+pub struct Env(TestWorker);
+
+impl std::ops::Deref for Env {
+    type Target = TestWorker;
+
+    fn deref(&self) -> &TestWorker {
+        &self.0
+    }
 }
 
 impl Env {
     /// A fresh database and one-partition topic, and a worker on them sending through
     /// `provider` (named `name`, the default).
     pub async fn start(name: &str, kind: ProviderKind, sender: impl Sender + 'static) -> Env {
-        let (pool, db_url) = fresh_database().await;
-        let topic = fresh_topic(1).await;
-        let group = unique_name("g");
-        let settings = test_settings(&[
-            ("kafka.brokers", brokers()),
-            ("kafka.topic", topic.clone()),
-            ("kafka.group_id", group.clone()),
-            ("database.url", db_url),
-            ("worker.stats_flush_ms", "200".into()),
-            ("hygiene.reload_ms", "200".into()),
-        ]);
         let provider = Provider {
             name: Arc::from(name),
             kind,
@@ -59,21 +50,17 @@ impl Env {
             sender: AnySender::Provider(Arc::new(sender)),
         };
         let providers = Providers::new(vec![provider], name).expect("providers");
-        let worker = Worker::start(&settings, pool.clone(), brokers(), providers)
-            .await
-            .expect("start worker");
-        Env {
-            pool,
-            topic,
-            group,
-            worker: Some(worker),
-        }
+        let tw = TestWorker::options()
+            .providers(providers)
+            .settings(&[("hygiene.reload_ms", "200".into())])
+            .spawn()
+            .await;
+        Env(tw)
     }
 
     /// The provider's lane (adaptive ceiling) as the worker reports it.
     pub fn lane(&self) -> pushpace::worker::scheduler::ProviderLive {
-        let w = self.worker.as_ref().expect("running");
-        w.scheduler_stats.borrow().providers[0].clone()
+        self.worker().scheduler_stats.borrow().providers[0].clone()
     }
 
     /// Produces one job (`devices` as JSON values: strings or subscription objects).
@@ -81,20 +68,10 @@ impl Env {
         self.produce_raw(&job.to_string()).await;
     }
 
-    /// Produces one job's exact text (byte-exact payloads).
+    /// Produces one job's exact text (byte-exact payloads), without a key.
     pub async fn produce_raw(&self, text: &str) {
-        use rdkafka::producer::{FutureProducer, FutureRecord};
-        let producer: FutureProducer = pushpace::broker::producer_config(&brokers())
-            .create()
-            .expect("producer");
-        producer
-            .send(
-                FutureRecord::<(), _>::to(&self.topic).payload(text),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .expect("produce job");
+        let record = Record::of(text.as_bytes());
+        Producer::new().send(&self.topic, record).await;
     }
 
     pub async fn counts(&self, campaign: &str) -> Counts {
@@ -171,9 +148,7 @@ impl Env {
     }
 
     pub async fn stop(mut self) {
-        if let Some(w) = self.worker.take() {
-            w.shutdown().await.expect("graceful shutdown");
-        }
+        self.0.stop().await;
     }
 }
 
