@@ -490,16 +490,12 @@ impl Ctx {
             ));
         }
         Ok(PhaseResult {
-            phase: name.into(),
-            devices: total,
-            seconds: secs,
-            per_second: sent as f64 / secs,
-            cpu_s_per_million: Some(cpu / (sent as f64 / 1e6)),
             peak_rss_mb: peak,
             statements_per_flush: (flush.flushes > 0.0).then(|| flush.statements / flush.flushes),
             server_statements_per_flush: server,
             peer_cpu_s_per_million: sink_cpu.map(|c| c / (sent as f64 / 1e6)),
             note,
+            ..PhaseResult::timed(name, total, (secs, sent, cpu))
         })
     }
 

@@ -239,13 +239,8 @@ impl Ctx {
             .map(|c| (c.id.clone(), c.send_rate.as_f64()))
             .collect();
         let result = PhaseResult {
-            phase: name.into(),
-            devices: total,
-            seconds: secs,
-            per_second: sent as f64 / secs,
-            cpu_s_per_million: Some(cpu / (sent as f64 / 1e6)),
             peak_rss_mb: peak,
-            ..Default::default()
+            ..PhaseResult::timed(name, total, (secs, sent, cpu))
         };
         Ok((result, rows, rate_of))
     }

@@ -82,15 +82,10 @@ impl Ctx {
             note.push_str(&format!(", mock CPU {:.2} s per 1M", per_million(c)));
         }
         Ok(PhaseResult {
-            phase: name.into(),
-            devices: total,
-            seconds: secs,
-            per_second: sent as f64 / secs,
-            cpu_s_per_million: Some(per_million(cpu)),
             peak_rss_mb: peak,
             peer_cpu_s_per_million: mock_cpu.map(per_million),
             note,
-            ..Default::default()
+            ..PhaseResult::timed(name, total, (secs, sent, cpu))
         })
     }
 

@@ -18,6 +18,21 @@ pub struct PhaseResult {
     pub note: String,
 }
 
+impl PhaseResult {
+    /// A worker phase's figures from `time_until`: `sent` sends in `secs` seconds for
+    /// `cpu` seconds of the worker's CPU.
+    pub fn timed(phase: &str, devices: u64, (secs, sent, cpu): (f64, u64, f64)) -> PhaseResult {
+        PhaseResult {
+            phase: phase.into(),
+            devices,
+            seconds: secs,
+            per_second: sent as f64 / secs,
+            cpu_s_per_million: Some(cpu / (sent as f64 / 1e6)),
+            ..Default::default()
+        }
+    }
+}
+
 /// The pacing distribution.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PacingResult {
