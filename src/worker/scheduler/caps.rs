@@ -64,6 +64,14 @@ impl Scheduler {
     /// of its provider's cap and then of the global cap. Rates change through `set_rate`,
     /// so a change never releases a burst.
     pub(super) fn rebalance(&mut self, now: Nanos) {
+        // Without a cap every campaign runs at its own rate, which `sync_rate` keeps:
+        // nothing to share, and a pass over every campaign per activation would make
+        // registering n campaigns cost n².
+        let capped = self.is_capped();
+        if !capped && !self.shares_applied {
+            return;
+        }
+        self.shares_applied = capped;
         let sending: Vec<(f64, f64, u32, u16)> = self
             .active
             .iter()
@@ -110,19 +118,40 @@ impl Scheduler {
             max_min(g.global_rate().as_f64(), &mut wanted, &mut shares);
         }
         for slot in 0..self.campaigns.len() as u32 {
-            let Some(c) = self.campaigns[slot as usize].as_mut() else {
-                continue;
-            };
-            let target = shares
-                .get(&slot)
-                .and_then(|r| Rate::per_second(*r).ok())
-                .unwrap_or(c.settings.rate);
-            if target != c.effective_rate {
-                c.limiter.set_rate(target, now);
-                c.effective_rate = target;
-                c.next_at = None;
-                self.mark_ready(slot);
-            }
+            let share = shares.get(&slot).and_then(|r| Rate::per_second(*r).ok());
+            self.set_effective_rate(slot, share, now);
+        }
+    }
+
+    /// Whether a cap applies now: the global one, a provider's `max_rate`, or an
+    /// adaptive ceiling that binds.
+    pub(super) fn is_capped(&self) -> bool {
+        self.global.is_some()
+            || self.provider_caps.iter().any(Option::is_some)
+            || self.lanes.iter().any(|l| l.limit().is_some())
+    }
+
+    /// After a campaign's settings changed: its fair share under the caps, or its own
+    /// rate when none applies.
+    pub(super) fn sync_rate(&mut self, slot: u32, now: Nanos) {
+        if self.is_capped() || self.shares_applied {
+            self.rebalance(now);
+        } else {
+            self.set_effective_rate(slot, None, now);
+        }
+    }
+
+    /// Sets a campaign's limiter to `share`, or to its own send_rate without one.
+    fn set_effective_rate(&mut self, slot: u32, share: Option<Rate>, now: Nanos) {
+        let Some(c) = self.campaigns[slot as usize].as_mut() else {
+            return;
+        };
+        let target = share.unwrap_or(c.settings.rate);
+        if target != c.effective_rate {
+            c.limiter.set_rate(target, now);
+            c.effective_rate = target;
+            c.next_at = None;
+            self.mark_ready(slot);
         }
     }
 }

@@ -220,6 +220,8 @@ pub struct Scheduler {
     halts_total: metrics::Counter,
     stats: StatsRecorder,
     global: Option<HierarchicalLimiter>,
+    /// Whether the last rebalance set fair shares (a cap applied then).
+    shares_applied: bool,
     campaigns: Vec<Option<Campaign>>,
     by_id: HashMap<Arc<str>, u32>,
     /// Settings of campaigns seen lately, and when each was last used.
@@ -301,6 +303,7 @@ impl Scheduler {
             halts_total: metrics::counter!("campaign_halts_total"),
             stats,
             global,
+            shares_applied: false,
             campaigns: Vec::new(),
             by_id: HashMap::new(),
             known: HashMap::new(),

@@ -46,8 +46,8 @@ impl Scheduler {
         if cancelled {
             self.cancel_campaign(slot, now);
         }
-        // The new rate (or pause) changes everyone's fair share under a global cap.
-        self.rebalance(now);
+        // The new rate (or pause) changes everyone's fair share under a cap.
+        self.sync_rate(slot, now);
     }
 
     /// Takes a job from the consumer.
