@@ -15,11 +15,14 @@
 
 mod decode;
 mod devices;
+mod kinds;
 mod lifecycle;
 mod options;
 pub mod provider_rules;
+pub mod webpush_subscription;
 
 pub use devices::{Subscription, SubscriptionKeys};
+pub use kinds::{DeadLetterKind, ProviderKind};
 pub use lifecycle::{bound_by_campaign_expiry, Lifecycle, MAX_CAMPAIGN_TOTAL, MAX_UNIX_S};
 pub use options::{
     check_provider_name, Priority, PushOptions, PushType, MAX_COLLAPSE_ID_BYTES, MAX_PROVIDER_NAME,
@@ -28,7 +31,6 @@ pub use options::{
 pub use provider_rules::check_for_provider;
 
 use crate::limiter::{Algorithm, Rate};
-use crate::store::DeadLetterKind;
 use devices::{check_token, devices_count_error};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;

@@ -5,8 +5,8 @@
 //! form. Each failure is a [`JobError::Field`] naming the field, so the job is
 //! dead-lettered `invalid_job` with a reason a person can act on, before any send.
 
+use super::ProviderKind;
 use super::{echo, json_type_name, Job, JobError, PushType, Subscription};
-use crate::provider::ProviderKind;
 
 /// APNs payload limit, in bytes of JSON.
 pub const APNS_MAX_PAYLOAD: usize = 4096;
@@ -207,5 +207,5 @@ pub fn check_subscription(device: &str) -> Result<(), String> {
             echo(device)
         ));
     }
-    crate::provider::webpush::subscription::check(device)
+    super::webpush_subscription::check(device)
 }

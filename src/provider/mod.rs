@@ -21,34 +21,11 @@ pub mod settings;
 pub mod tls;
 pub mod webpush;
 
+pub use crate::job::ProviderKind;
 use crate::job::{Job, JobError};
 use crate::limiter::Rate;
 use crate::sender::{AnySender, SendFuture, SendOutcome, Sender};
 use std::sync::Arc;
-
-/// What a provider is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ProviderKind {
-    Apns,
-    Fcm,
-    WebPush,
-    /// The generic JSON POST ([`crate::sender::HttpSender`]).
-    Webhook,
-    /// Sends nothing (benchmarks).
-    Null,
-}
-
-impl ProviderKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderKind::Apns => "apns",
-            ProviderKind::Fcm => "fcm",
-            ProviderKind::WebPush => "webpush",
-            ProviderKind::Webhook => "webhook",
-            ProviderKind::Null => "null",
-        }
-    }
-}
 
 /// Errors setting up a provider: configuration, key material, TLS.
 #[derive(Debug, thiserror::Error)]

@@ -27,6 +27,7 @@ pub mod prune;
 pub mod rollup;
 pub mod worker_campaigns;
 
+pub use crate::job::DeadLetterKind;
 pub use campaigns::{Campaign, CampaignDefaults, CampaignPatch, CampaignStatus, CampaignSummary};
 pub use dead_letters::{DeadLetter, StoredDeadLetter};
 pub use delivery::{series, totals, Point, Totals, MAX_SERIES_RANGE};
@@ -304,35 +305,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Why a message or a device ended in `dead_letters`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeadLetterKind {
-    /// Not valid JSON (or not UTF-8), or over the size limit.
-    MalformedJob,
-    /// Valid JSON that breaks the job rules (a field is missing, of the wrong type or out of range).
-    InvalidJob,
-    /// A device that could not be delivered: a permanent provider failure or too many attempts.
-    Undeliverable,
-    /// A parked job whose offset the broker's retention deleted before it was re-read.
-    ExpiredOffset,
-    /// A job whose devices were not all sent by its own or its campaign's `expires_at`:
-    /// one letter per job, with the count.
-    Expired,
-}
-
-impl DeadLetterKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeadLetterKind::MalformedJob => "malformed_job",
-            DeadLetterKind::InvalidJob => "invalid_job",
-            DeadLetterKind::Undeliverable => "undeliverable",
-            DeadLetterKind::ExpiredOffset => "expired_offset",
-            DeadLetterKind::Expired => "expired",
-        }
-    }
-}
-
+// Parsed here: the store reads kinds back from `dead_letters`.
 impl std::str::FromStr for DeadLetterKind {
     type Err = StoreError;
 

@@ -146,15 +146,21 @@ function drawCampaignChart() {
   $("#cp-step").textContent = step > 1 ? `one point per ${humanSeconds(step)} (mean per second)` : "one point per second";
 }
 
+// A response for a range the user has since left is dropped: applied, it would stand
+// for the new range until that range's next reload.
 async function loadSeries(id) {
-  const res = await fetch(campaignPath(id) + "/series?last=" + campaignPage.range);
-  if (!res.ok || campaignPage.id !== id) return;
+  const range = campaignPage.range;
+  const res = await fetch(campaignPath(id) + "/series?last=" + range);
+  if (!res.ok || campaignPage.id !== id || campaignPage.range !== range) return;
   const points = await res.json();
+  if (campaignPage.id !== id || campaignPage.range !== range) return;
   const header = Number(res.headers.get("x-series-step"));
   const gap = points.length > 1 ? (Date.parse(points[1].t) - Date.parse(points[0].t)) / 1000 : 1;
   campaignPage.step = header > 0 ? header : gap;
   campaignPage.points = points;
   campaignPage.loaded.series = Date.now();
+  // Drawn now, so that the chart never shows one range's points under another's step.
+  drawCampaignChart();
 }
 
 function eventValue(field, v) {

@@ -21,7 +21,7 @@
 
 pub mod answer;
 pub mod ece;
-pub mod subscription;
+pub use crate::job::webpush_subscription as subscription;
 pub mod vapid;
 
 use crate::job::{Job, PushOptions};

@@ -255,6 +255,32 @@ async fn check_page_contents(page: &mut Page, api: &TestApp, id: &str) {
     .await;
 }
 
+/// Each request's added latency while the chart's ranges are switched: a reload then
+/// stays in flight long enough for the click to land inside it.
+const SLOW_ANSWER_MS: u64 = 800;
+
+/// Counts the page's series reads in flight, by range, in `window.seriesReads`.
+const COUNT_SERIES_READS: &str = r#"(() => {
+  window.seriesReads = {};
+  const f = window.fetch;
+  window.fetch = function (url, ...rest) {
+    const m = String(url).match(/series\?last=(\w+)/);
+    if (!m) return f.call(this, url, ...rest);
+    window.seriesReads[m[1]] = (window.seriesReads[m[1]] || 0) + 1;
+    return f.call(this, url, ...rest).finally(() => { window.seriesReads[m[1]] -= 1; });
+  };
+  return true;
+})()"#;
+
+async fn network_latency(page: &mut Page, ms: u64) {
+    page.call("Network.enable", json!({})).await;
+    page.call(
+        "Network.emulateNetworkConditions",
+        json!({"offline": false, "latency": ms, "downloadThroughput": -1, "uploadThroughput": -1}),
+    )
+    .await;
+}
+
 /// The chart: sends and marks painted at 5 min; the server's steps at 1 h and 24 h,
 /// drawn as a mean per second, adding up to the campaign's sends.
 async fn check_chart(page: &mut Page, api: &TestApp, id: &str) -> Value {
@@ -275,7 +301,18 @@ async fn check_chart(page: &mut Page, api: &TestApp, id: &str) -> Value {
     );
     assert_eq!(at5m["step"], 1, "{at5m}");
     let sent = api.get(&format!("/api/campaigns/{id}")).await.body["sent"].clone();
-    for (button, step, points) in [(2, 10, 360..=361), (3, 300, 288..=289)] {
+    // The first click lands while a reload of the 5-minute range is in flight (slow
+    // answers): the page must not let that answer stand for the 24-hour range, which
+    // reloads only once a minute.
+    page.eval(COUNT_SERIES_READS).await;
+    network_latency(page, SLOW_ANSWER_MS).await;
+    page.wait_until(
+        "a 5-minute reload in flight",
+        Duration::from_secs(10),
+        "(window.seriesReads['5m'] || 0) > 0",
+    )
+    .await;
+    for (button, step, points) in [(3, 300, 288..=289), (2, 10, 360..=361)] {
         page.click(&format!("#cp-ranges button:nth-child({button})"))
             .await;
         let v = page
@@ -294,6 +331,7 @@ async fn check_chart(page: &mut Page, api: &TestApp, id: &str) -> Value {
             "a mean per second at 40/s, not a sum: {v}"
         );
     }
+    network_latency(page, 0).await;
     page.click("#cp-ranges button:nth-child(1)").await;
     page.wait_until(
         "the 5-minute range again",
