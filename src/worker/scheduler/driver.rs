@@ -34,29 +34,32 @@ pub fn acquire_catching_up(
 }
 
 /// Converts the scheduler's clock into tokio instants.
+///
+/// An instant is mapped from the distance to the clock's `now`, read at the time of the
+/// call, never from a fixed origin: quanta's TSC clock and tokio's (the OS monotonic
+/// clock, which NTP slews) run apart by tens of ppm, and from a fixed origin that gap
+/// grows without end. A clock ahead of tokio's then made every sleep late by the whole
+/// gap (past `quantum_min`, permits lost at every wake); one behind made the driver wake
+/// before the instant it named and spin until its clock caught up, more of the time the
+/// longer the worker ran.
 #[derive(Clone)]
 pub struct TimeBase {
     pub clock: Arc<dyn Clock>,
-    origin: tokio::time::Instant,
-    origin_nanos: Nanos,
 }
 
 impl TimeBase {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        let origin_nanos = clock.now();
-        Self {
-            clock,
-            origin: tokio::time::Instant::now(),
-            origin_nanos,
-        }
+        Self { clock }
     }
 
     pub fn now(&self) -> Nanos {
         self.clock.now()
     }
 
+    /// The tokio instant at which the clock will read `t` (now, if it already does).
     pub fn instant(&self, t: Nanos) -> tokio::time::Instant {
-        self.origin + Duration::from_nanos(t.saturating_sub(self.origin_nanos))
+        let base = tokio::time::Instant::now();
+        base + Duration::from_nanos(t.saturating_sub(self.clock.now()))
     }
 }
 
@@ -148,7 +151,7 @@ fn wake_at(
     drain_deadline: Option<tokio::time::Instant>,
     unpublished: Option<tokio::time::Instant>,
 ) -> tokio::time::Instant {
-    let round_end = time.instant(now) + scheduler.quantum();
+    let round_end = time.instant(now + scheduler.quantum().as_nanos() as Nanos);
     let mut wake_at = wake.map_or(round_end, |w| time.instant(w).min(round_end));
     if let Some(d) = drain_deadline {
         wake_at = wake_at.min(d);

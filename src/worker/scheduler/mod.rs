@@ -442,6 +442,8 @@ impl std::fmt::Debug for Scheduler {
 #[cfg(test)]
 mod answer_tests;
 #[cfg(test)]
+mod driver_tests;
+#[cfg(test)]
 mod lifecycle_tests;
 #[cfg(test)]
 mod outcome_tests;
