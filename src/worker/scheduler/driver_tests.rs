@@ -103,6 +103,7 @@ async fn a_clock_apart_from_tokios_neither_slows_nor_spins_the_driver() {
     // ms late by the end (most of each lost past quantum_min), and the slow one spun.
     for (ppm, want) in [(10_000, 30_300), (-10_000, 29_700)] {
         let sends = sends_with_skew(ppm, 30).await;
+        // ±2: the permit due at the start and the one at the stop (virtual time, no noise).
         assert!(
             sends.abs_diff(want) <= 2,
             "{ppm} ppm: {sends} sends, want {want}"
