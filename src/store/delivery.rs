@@ -62,27 +62,9 @@ pub async fn series(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> Result<Vec<Point>, StoreError> {
-    let from = truncate_to_second(from);
-    let to = truncate_to_second(to);
-    if to < from {
-        return Err(StoreError::invalid(
-            "to",
-            format!("the range ends ({to}) before it starts ({from})"),
-        ));
-    }
-    if to - from > MAX_SERIES_RANGE {
-        return Err(StoreError::invalid(
-            "to",
-            format!(
-                "the range is {} s long; at most {} s (24 h) can be read at once",
-                (to - from).num_seconds(),
-                MAX_SERIES_RANGE.num_seconds()
-            ),
-        ));
-    }
-    if to == from {
+    let Some((from, to)) = check_range(from, to)? else {
         return Ok(Vec::new());
-    }
+    };
     let points = sqlx::query_as(
         "SELECT g.t, COALESCE(d.sent, 0) AS sent, COALESCE(d.failed, 0) AS failed, \
                 COALESCE(d.retried, 0) AS retried, \
@@ -100,6 +82,29 @@ pub async fn series(
     .fetch_all(pool)
     .await?;
     Ok(points)
+}
+
+/// `[from, to)` truncated to the second and checked against [`MAX_SERIES_RANGE`], for
+/// [`series`] and [`series_downsampled`]; `None` when empty.
+fn check_range(from: DateTime<Utc>, to: DateTime<Utc>) -> Result<Option<Span>, StoreError> {
+    let (from, to) = (truncate_to_second(from), truncate_to_second(to));
+    if to < from {
+        return Err(StoreError::invalid(
+            "to",
+            format!("the range ends ({to}) before it starts ({from})"),
+        ));
+    }
+    if to - from > MAX_SERIES_RANGE {
+        return Err(StoreError::invalid(
+            "to",
+            format!(
+                "the range is {} s long; at most {} s (24 h) can be read at once",
+                (to - from).num_seconds(),
+                MAX_SERIES_RANGE.num_seconds()
+            ),
+        ));
+    }
+    Ok((to > from).then_some((from, to)))
 }
 
 /// The steps, in seconds, that [`auto_step`] picks from.
@@ -141,26 +146,9 @@ pub async fn series_downsampled(
         return series(pool, campaign_id, from, to).await;
     }
     // The same bounds as `series`, checked on the range asked for.
-    let (from, to) = (truncate_to_second(from), truncate_to_second(to));
-    if to < from {
-        return Err(StoreError::invalid(
-            "to",
-            format!("the range ends ({to}) before it starts ({from})"),
-        ));
-    }
-    if to - from > MAX_SERIES_RANGE {
-        return Err(StoreError::invalid(
-            "to",
-            format!(
-                "the range is {} s long; at most {} s (24 h) can be read at once",
-                (to - from).num_seconds(),
-                MAX_SERIES_RANGE.num_seconds()
-            ),
-        ));
-    }
-    if to == from {
+    let Some((from, to)) = check_range(from, to)? else {
         return Ok(Vec::new());
-    }
+    };
     let start = from.timestamp().div_euclid(step) * step;
     let end = (to.timestamp() + step - 1).div_euclid(step) * step;
     let (start, end) = (
