@@ -57,7 +57,7 @@ impl Run {
 /// 2,046 at 2,000/s: up to about 40 ms of the rate (where in the run was not recorded;
 /// new connections opening at the start are a guess). gcra with burst 0 itself never
 /// passes more than one permit per interval (the limiter properties in
-/// tests/it/limiter.rs).
+/// tests/it/limiter/).
 const ARRIVAL_JITTER_S: f64 = 0.04;
 
 /// How long a worker may take to join its group and start sending: tansu's group
