@@ -52,6 +52,10 @@ pub fn consumer_config(settings: &KafkaSettings, bootstrap: &str) -> ClientConfi
             "session.timeout.ms",
             settings.session_timeout_ms.to_string(),
         )
+        .set(
+            "heartbeat.interval.ms",
+            settings.heartbeat_interval_ms.to_string(),
+        )
         // Also the rebalance timeout: how long the group waits for a member that died
         // without leaving (kill -9). The poll loop polls every 50 ms, so a short bound is safe.
         .set(

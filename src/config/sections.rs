@@ -138,6 +138,9 @@ pub struct KafkaSettings {
     pub isolation_level: IsolationLevel,
     pub commit_interval_ms: u64,
     pub session_timeout_ms: u64,
+    /// librdkafka's `heartbeat.interval.ms`: how soon a member hears that its group is
+    /// rebalancing. At most a third of the session timeout.
+    pub heartbeat_interval_ms: u64,
     /// librdkafka's `fetch.wait.max.ms`: how long the broker may hold a fetch that has
     /// too little data.
     pub fetch_wait_max_ms: u64,

@@ -83,6 +83,13 @@ fn invalid_values_name_the_key() {
         let e = load(&[("PUSHPACE__KAFKA__FETCH_WAIT_MAX_MS", bad)], &[]).unwrap_err();
         assert_eq!(e.to_string(), "kafka.fetch_wait_max_ms: must be 1–5000");
     }
+    for bad in ["99", "2001"] {
+        let e = load(&[], &[&format!("kafka.heartbeat_interval_ms={bad}")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "kafka.heartbeat_interval_ms: must be 100–2000 (a third of kafka.session_timeout_ms)"
+        );
+    }
     for bad in ["3600000", "31536000001"] {
         let e = load(&[], &[&format!("database.rollup_after_ms={bad}")]).unwrap_err();
         assert!(

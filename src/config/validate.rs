@@ -52,6 +52,15 @@ impl KafkaSettings {
         if k.commit_interval_ms == 0 {
             return Err(invalid("kafka.commit_interval_ms", "must be > 0"));
         }
+        // Kafka's own rule: a member must be able to miss two heartbeats before its
+        // session expires.
+        let most = k.session_timeout_ms / 3;
+        if most < 100 || !(100..=most).contains(&k.heartbeat_interval_ms) {
+            return Err(invalid(
+                "kafka.heartbeat_interval_ms",
+                format!("must be 100–{most} (a third of kafka.session_timeout_ms)"),
+            ));
+        }
         // A broker that holds every fetch (tansu) holds a new job this long: 5 s at most.
         if !(1..=5_000).contains(&k.fetch_wait_max_ms) {
             return Err(invalid("kafka.fetch_wait_max_ms", "must be 1–5000"));

@@ -18,6 +18,7 @@ fn kafka_settings(group: &str) -> KafkaSettings {
         isolation_level: IsolationLevel::ReadUncommitted,
         commit_interval_ms: 1000,
         session_timeout_ms: 10000,
+        heartbeat_interval_ms: 1000,
         fetch_wait_max_ms: 100,
         assignment_strategy: AssignmentStrategy::CooperativeSticky,
     }

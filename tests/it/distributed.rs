@@ -893,9 +893,9 @@ async fn start_workers(
 }
 
 /// Whole seconds in a row within ±2% before a run counts as settled. tansu rebalances a
-/// few times while members join, up to about every 3 s (its heartbeat); three seconds
-/// could fall between two rebalances, and then the next measurement saw one (a
-/// whole-suite run read 1,627–2,001 in its 6 s check). Six outlast that rhythm.
+/// few times while members join, a heartbeat or a few apart; three seconds could fall
+/// between two rebalances, and then the next measurement saw one (a whole-suite run read
+/// 1,627–2,001 in its 6 s check). Six outlast that rhythm.
 const SETTLED_SECONDS: u64 = 6;
 
 /// How long each step of [`ProcessRun::settle`] may take: sending to start and the
@@ -927,7 +927,7 @@ impl ProcessRun {
         }
         // The group settles in steps (a member joining late, tansu rebalancing again):
         // wait until every worker owns partitions, all six are owned, and nothing has
-        // moved for two of tansu's heartbeats (3 s each). Partitions may still move at
+        // moved for 6 s (six heartbeats, two of tansu's 3 s join pauses). Partitions may still move at
         // the limit (cooperative moves need not disturb the rate): the rate check decides.
         let mut last = Vec::new();
         let mut unchanged_since = Instant::now();

@@ -61,7 +61,7 @@ impl Run {
 const ARRIVAL_JITTER_S: f64 = 0.04;
 
 /// How long a worker may take to join its group and start sending: tansu's group
-/// join takes seconds (a rebalance per heartbeat of 3 s while it settles).
+/// join takes seconds (a rebalance per heartbeat while it settles).
 const GROUP_JOIN_LIMIT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

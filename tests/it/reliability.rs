@@ -226,7 +226,7 @@ async fn a_database_outage_pauses_sending_and_the_totals_are_exact_after() {
 }
 
 /// How long the group may take to share the partitions between two members: tansu
-/// rebalances in steps of its heartbeat (3 s) and a cooperative rebalance takes two
+/// rebalances in steps of the members' heartbeats and a cooperative rebalance takes two
 /// rounds (revoke, then assign); the same limit as the distributed tests' `settle`.
 const REBALANCE_LIMIT: Duration = Duration::from_secs(60);
 
