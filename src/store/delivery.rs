@@ -84,27 +84,10 @@ pub async fn series(
     Ok(points)
 }
 
-/// `[from, to)` truncated to the second and checked against [`MAX_SERIES_RANGE`], for
-/// [`series`] and [`series_downsampled`]; `None` when empty.
+/// `[from, to)` checked against [`MAX_SERIES_RANGE`], for [`series`] and
+/// [`series_downsampled`]; `None` when empty.
 fn check_range(from: DateTime<Utc>, to: DateTime<Utc>) -> Result<Option<Span>, StoreError> {
-    let (from, to) = (truncate_to_second(from), truncate_to_second(to));
-    if to < from {
-        return Err(StoreError::invalid(
-            "to",
-            format!("the range ends ({to}) before it starts ({from})"),
-        ));
-    }
-    if to - from > MAX_SERIES_RANGE {
-        return Err(StoreError::invalid(
-            "to",
-            format!(
-                "the range is {} s long; at most {} s (24 h) can be read at once",
-                (to - from).num_seconds(),
-                MAX_SERIES_RANGE.num_seconds()
-            ),
-        ));
-    }
-    Ok((to > from).then_some((from, to)))
+    checked_range(from, to, MAX_SERIES_RANGE)
 }
 
 /// The steps, in seconds, that [`auto_step`] picks from.
@@ -236,9 +219,10 @@ fn checked_range(
         return Err(StoreError::invalid(
             "to",
             format!(
-                "the range is {} s long; at most {} s can be read at once",
+                "the range is {} s long; at most {} s ({} h) can be read at once",
                 (to - from).num_seconds(),
-                max.num_seconds()
+                max.num_seconds(),
+                max.num_hours()
             ),
         ));
     }
