@@ -9,6 +9,11 @@
 //! campaign wakes early: a stale one only costs one extra, harmless turn. As a net under
 //! an event this file might miss, every active campaign is visited once per
 //! [`VISIT_ALL_EVERY`].
+//!
+//! A turn cut below the campaign's share by a full pool (or provider) joins the room
+//! waiters, which take freed room before the ready list, longest waiting first. Without
+//! them, freed room went to the campaigns whose answers freed it, and one with nothing
+//! in flight (just started, or a slow one) waited for the net: a second per try.
 
 use super::*;
 
@@ -59,9 +64,55 @@ impl Scheduler {
             .as_nanos() as Nanos
     }
 
-    /// Visits the ready campaigns once each, from a rotating start; those that name an
-    /// instant sleep until it. Returns the earliest instant named.
+    /// The campaign's turn was cut below its share by a full pool or provider: it gets
+    /// a turn as soon as room frees, before the ready list.
+    pub(super) fn wait_for_room(&mut self, slot: u32) {
+        if let Some(c) = self.campaigns[slot as usize].as_mut() {
+            if !c.waiting_room {
+                c.waiting_room = true;
+                self.room_waiters.push_back(slot);
+            }
+        }
+    }
+
+    /// Turns for the room waiters, in order, while the pool has room. One whose provider
+    /// is still full goes to the back without a turn; each is looked at once a round.
+    fn visit_room_waiters(&mut self, share: u32, now: Nanos, unix_sec: u64) {
+        for _ in 0..self.room_waiters.len() {
+            if self.in_flight >= self.config.max_in_flight {
+                return;
+            }
+            let Some(slot) = self.room_waiters.pop_front() else {
+                return;
+            };
+            let Some(c) = self.campaigns[slot as usize].as_mut() else {
+                continue;
+            };
+            let provider = usize::from(c.provider);
+            let provider_full = self
+                .provider_max_in_flight
+                .get(provider)
+                .is_some_and(|&max| self.provider_in_flight[provider] >= max);
+            if provider_full {
+                self.room_waiters.push_back(slot);
+                continue;
+            }
+            c.waiting_room = false;
+            if !c.active {
+                continue;
+            }
+            // Its turn is now: an entry in the ready list is skipped this round.
+            c.ready = false;
+            if let Some(t) = self.turn(slot, share, now, unix_sec) {
+                self.sleeping.push(Reverse((t, slot)));
+            }
+        }
+    }
+
+    /// Visits the room waiters, then the ready campaigns once each, from a rotating
+    /// start; those that name an instant sleep until it.
     pub(super) fn visit_ready(&mut self, share: u32, now: Nanos, unix_sec: u64) {
+        self.visit_room_waiters(share, now, unix_sec);
         // Taken so that turns may mark campaigns ready for the next round; the buffer
         // comes back, so a round allocates nothing.
         let mut ready = std::mem::take(&mut self.ready);

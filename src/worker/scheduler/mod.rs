@@ -192,6 +192,8 @@ struct Campaign {
     total_devices: Option<u64>,
     /// In the ready list: visited next round.
     ready: bool,
+    /// In the room waiters: below its share, it found the pool or its provider full.
+    waiting_room: bool,
 }
 
 impl Campaign {
@@ -261,6 +263,9 @@ pub struct Scheduler {
     wall: (Nanos, i64),
     /// Active campaigns to visit next round (each once: `Campaign::ready`).
     ready: Vec<u32>,
+    /// Campaigns cut below their share by a full pool or provider, longest waiting
+    /// first: they take freed room before the ready list (`Campaign::waiting_room`).
+    room_waiters: VecDeque<u32>,
     /// Active campaigns asleep until an instant: (when, slot), soonest first.
     sleeping: BinaryHeap<Reverse<(Nanos, u32)>>,
     /// When every active campaign was last visited (the net under a missed event).
@@ -333,6 +338,7 @@ impl Scheduler {
             cancelled_total: metrics::counter!("cancelled_total"),
             wall: (0, 0),
             ready: Vec::new(),
+            room_waiters: VecDeque::new(),
             sleeping: BinaryHeap::new(),
             last_visit_all: 0,
             rate_sum: std::cell::Cell::new(None),
@@ -449,6 +455,8 @@ mod lifecycle_tests;
 mod outcome_tests;
 #[cfg(test)]
 mod pacing_tests;
+#[cfg(test)]
+mod room_tests;
 
 #[cfg(test)]
 mod tests {

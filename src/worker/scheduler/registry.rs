@@ -246,6 +246,7 @@ impl Scheduler {
             cancelled: 0,
             total_devices: None,
             ready: false,
+            waiting_room: false,
         };
         let slot = match self.campaigns.iter().position(|c| c.is_none()) {
             Some(i) => {
@@ -296,6 +297,9 @@ impl Scheduler {
         self.active.retain(|&s| s != slot);
         self.rate_sum.set(None);
         self.waiting.retain(|&s| s != slot);
+        if c.waiting_room {
+            self.room_waiters.retain(|&s| s != slot);
+        }
         tracing::info!(campaign = %c.settings.id, "campaign idle");
         drop(c);
         while self.active.len() < self.config.max_active_campaigns {

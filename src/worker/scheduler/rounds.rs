@@ -55,18 +55,25 @@ impl Scheduler {
         now: Nanos,
         unix_sec: u64,
     ) -> Option<Nanos> {
-        let (want, mut wake) = match self.turn_want(slot, share, now, unix_sec) {
+        let (want, mut wake, cut) = match self.turn_want(slot, share, now, unix_sec) {
             Ok(w) => w,
             Err(wake) => return wake,
         };
         if want == 0 {
+            if cut {
+                self.wait_for_room(slot);
+            }
             return wake;
         }
         let quantum_min = self.config.quantum_min.as_nanos() as Nanos;
         let c = self.campaigns[slot as usize].as_mut()?;
         let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, now, quantum_min);
         c.next_at = grant.next_at;
-        if let Some(t) = c.next_at {
+        if cut && grant.granted == want {
+            // Room, not its limiter, held it below its share.
+            self.wait_for_room(slot);
+        }
+        if let Some(t) = grant.next_at {
             self.limiter_wait
                 .record((t - now) as f64 / NANOS_PER_SEC as f64);
             wake = Some(wake.map_or(t, |w| w.min(t)));
@@ -76,15 +83,16 @@ impl Scheduler {
         wake
     }
 
-    /// How many permits the turn asks for, and the campaign's next retry instant; or,
-    /// as `Err`, the wake to return when the campaign may not send now.
+    /// How many permits the turn asks for, the campaign's next retry instant, and
+    /// whether a full pool or provider cut it below what its share allows; or, as `Err`,
+    /// the wake to return when the campaign may not send now.
     fn turn_want(
         &mut self,
         slot: u32,
         share: u32,
         now: Nanos,
         unix_sec: u64,
-    ) -> Result<(u32, Option<Nanos>), Option<Nanos>> {
+    ) -> Result<(u32, Option<Nanos>, bool), Option<Nanos>> {
         let (may_send, gate_wake) = self.lifecycle_gate(slot, now, unix_sec);
         if !may_send {
             return Err(gate_wake);
@@ -102,7 +110,7 @@ impl Scheduler {
             // The provider asked for a pause: nothing until then, in-flight sends finish.
             return Err(Some(until));
         }
-        let room = self.turn_room(slot, share);
+        let (room, allowed) = self.turn_room(slot, share);
         let Some(c) = self.campaigns[slot as usize].as_ref() else {
             return Err(None);
         };
@@ -116,7 +124,8 @@ impl Scheduler {
         // until the next turn would be lost (the turn goes on to the next job itself).
         let mut undispatched: u32 = 0;
         for &j in &c.queue {
-            if ready_retries.saturating_add(undispatched) >= room {
+            // Past the room by one job at most: enough to tell whether room cut it.
+            if ready_retries.saturating_add(undispatched) > room {
                 break;
             }
             if let Some(job) = self.jobs[j as usize].as_ref() {
@@ -128,17 +137,19 @@ impl Scheduler {
             .peek()
             .map(|Reverse(r)| r.not_before)
             .filter(|&t| t > now);
-        Ok(((ready_retries + undispatched).min(room), wake))
+        let work = ready_retries.saturating_add(undispatched);
+        let cut = room < allowed && work > room;
+        Ok((work.min(room), wake, cut))
     }
 
     /// The sends a campaign may start now: its share of `max_in_flight` (or more while
     /// half the pool sits idle: the share only has to stop one slow campaign from
     /// starving the others), within the pool's and its provider's room, and within the
-    /// probe limit until its first answer.
-    fn turn_room(&self, slot: u32, share: u32) -> u32 {
+    /// probe limit until its first answer. Also what its share and probe alone allow.
+    fn turn_room(&self, slot: u32, share: u32) -> (u32, u32) {
         let room_total = self.config.max_in_flight.saturating_sub(self.in_flight) as u32;
         let Some(c) = self.campaigns[slot as usize].as_ref() else {
-            return 0;
+            return (0, 0);
         };
         let provider = usize::from(c.provider);
         let provider_room = self
@@ -147,15 +158,11 @@ impl Scheduler {
             .map_or(u32::MAX, |&max| {
                 max.saturating_sub(self.provider_in_flight[provider])
             });
-        let mut room = share
-            .max(room_total / 2)
-            .saturating_sub(c.in_flight)
-            .min(room_total)
-            .min(provider_room);
+        let mut allowed = share.max(room_total / 2).saturating_sub(c.in_flight);
         if !c.confirmed {
-            room = room.min(PROBE_IN_FLIGHT.saturating_sub(c.in_flight));
+            allowed = allowed.min(PROBE_IN_FLIGHT.saturating_sub(c.in_flight));
         }
-        room
+        (allowed.min(room_total).min(provider_room), allowed)
     }
 
     /// Spends up to `permits` on the campaign's retries that are due (the oldest work);
