@@ -953,9 +953,10 @@ impl ProcessRun {
             self.stable_within(SETTLE_LIMIT).await.is_some(),
             "the consumer group did not settle: no {SETTLED_SECONDS} whole seconds in a row \
              within ±2% of every campaign's rate within {SETTLE_LIMIT:?} (partitions owned: \
-             {:?}; logs {:?})",
+             {:?}; logs {:?}; the last seconds at the sink:\n{})",
             owned_partitions(&self.logs),
-            self.logs
+            self.logs,
+            self.last_seconds(12)
         );
         let took = t.elapsed();
         self.top_up(ahead, ahead).await;
@@ -980,6 +981,22 @@ impl ProcessRun {
         );
         produce_spread(&self.topic, &more, 6).await;
         self.total += more.total_devices() as u64;
+    }
+
+    /// Each campaign's rate and its last `n` whole seconds at the sink, oldest first.
+    fn last_seconds(&self, n: u64) -> String {
+        let now = unix_now();
+        let mut out = String::new();
+        for (id, rate) in &self.campaigns {
+            let mut secs = vec![0u64; n as usize];
+            for s in self.sink.per_second(id) {
+                if s.unix_second + n >= now && s.unix_second < now {
+                    secs[(s.unix_second + n - now) as usize] += s.requests;
+                }
+            }
+            out.push_str(&format!("{rate}/s: {secs:?}\n"));
+        }
+        out
     }
 
     /// Waits until [`SETTLED_SECONDS`] whole seconds in a row carry the summed rate, and
