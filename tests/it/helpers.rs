@@ -477,6 +477,19 @@ pub fn owned_partitions(logs: &[std::path::PathBuf]) -> Vec<std::collections::BT
         .collect()
 }
 
+/// How many assignments and revocations the workers have logged: a change means the
+/// group moved.
+pub fn group_moves(logs: &[std::path::PathBuf]) -> usize {
+    logs.iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            text.lines()
+                .filter(|l| l.contains("partitions assigned") || l.contains("partitions revoked"))
+                .count()
+        })
+        .sum()
+}
+
 /// Where [`spawn_logged`] writes the worker `name`'s log.
 pub fn worker_log(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.log"))

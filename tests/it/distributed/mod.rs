@@ -1,0 +1,61 @@
+//! Distributed mode against the real Redis on 127.0.0.1:6379 (a unique key prefix per
+//! test) and, for several workers, real `pushpace run` processes on the real broker.
+//!
+//! - `leases`: the Redis scripts and limiters shared by several limiters in one process;
+//! - `scope`: one in-process worker whose campaigns move between local and Redis scope;
+//! - `processes` (with its harness `process_run`): groups of `pushpace run` workers.
+
+mod leases;
+mod process_run;
+mod processes;
+mod scope;
+
+use crate::harness::{produce_spread, TestWorker};
+use crate::helpers::{
+    brokers, fresh_database, group_moves, owned_partitions, pacing_lock, spawn_logged, unique_name,
+    wait_for, worker_log, Proxy,
+};
+use pushpace::config::RedisAlgorithm;
+use pushpace::distributed::{
+    redis_gcra, redis_sliding_window, LeaseAnswer, RedisConfig, RedisLimiterFactory,
+};
+use pushpace::limiter::{
+    Algorithm, Clock, MonotonicClock, Nanos, Rate, RateLimiter, NANOS_PER_SEC,
+};
+use pushpace::tools::produce::ProducePlan;
+use pushpace::tools::sink::{Sink, SinkConfig};
+use pushpace::worker::scheduler::acquire_catching_up;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const REDIS: &str = "127.0.0.1:6379";
+
+async fn conn() -> redis::aio::ConnectionManager {
+    let client = redis::Client::open(format!("redis://{REDIS}")).unwrap();
+    redis::aio::ConnectionManager::new(client).await.unwrap()
+}
+
+fn config(url: String, algorithm: RedisAlgorithm, lease_ms: u64, workers: u32) -> RedisConfig {
+    RedisConfig {
+        url: url.into(),
+        connect_timeout: Duration::from_millis(500),
+        algorithm,
+        lease: Duration::from_millis(lease_ms),
+        key_prefix: unique_name("pp"),
+        workers_estimate: workers,
+    }
+}
+
+pub(super) fn unix_now_f64() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+pub(super) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
