@@ -121,11 +121,8 @@ async fn a_broker_restart_mid_run_loses_nothing() {
         "lost devices across the broker restart"
     );
     let c = sink.campaign(&plan.campaigns[0].id).unwrap();
-    let max_1s = sink.max_in_window(&c.campaign_id, Duration::from_secs(1));
-    assert!(
-        max_1s <= 511,
-        "rate exceeded after reconnecting: {max_1s} in 1 s"
-    );
+    // The rate held across the reconnect.
+    crate::helpers::assert_paced(&sink, &c.campaign_id, 500.0);
 }
 
 /// The outage test's in-memory bound (`worker.lookahead_ms`): each campaign holds this

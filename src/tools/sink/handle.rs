@@ -8,7 +8,7 @@ use super::{
     Arrival, Behaviour, BehaviourChange, CampaignSummary, SecondCount, SinkConfig, SinkError,
     SinkSummary,
 };
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -136,6 +136,30 @@ impl SinkHandle {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Pushes of a campaign per unix second of their release by the worker (its
+    /// `x-pushpace-sent-at` header; pushes without one are not counted): pacing as the
+    /// worker did it, without the loopback's and the sink's jitter.
+    pub fn released_per_second(&self, campaign_id: &str) -> BTreeMap<u64, u64> {
+        let log = self.shared.log();
+        log.campaigns
+            .get(campaign_id)
+            .map(|c| c.released_per_second.clone())
+            .unwrap_or_default()
+    }
+
+    /// The most pushes of a campaign released in any window of length `window`.
+    pub fn max_released_in_window(&self, campaign_id: &str, window: Duration) -> u64 {
+        let mut released = {
+            let log = self.shared.log();
+            log.campaigns
+                .get(campaign_id)
+                .map(|c| c.released.clone())
+                .unwrap_or_default()
+        };
+        released.sort_unstable();
+        max_in_window(&released, window.as_nanos() as u64)
     }
 
     /// Pushes of a campaign that arrived in the last `window` (for a live display).

@@ -54,6 +54,10 @@ pub(super) struct CampaignLog {
     pub(super) arrivals: Vec<u64>,
     /// Unix second → (requests, delivered).
     pub(super) per_second: BTreeMap<u64, (u64, u64)>,
+    /// Release times (ns since start, from `x-pushpace-sent-at`), in arrival order.
+    pub(super) released: Vec<u64>,
+    /// Unix second of release → requests.
+    pub(super) released_per_second: BTreeMap<u64, u64>,
     pub(super) delivered: u64,
     /// Idempotency keys (or job + token without one) answered 2xx.
     pub(super) delivered_keys: HashSet<Box<str>>,
@@ -120,6 +124,8 @@ impl Shared {
                     id,
                     arrivals: Vec::new(),
                     per_second: BTreeMap::new(),
+                    released: Vec::new(),
+                    released_per_second: BTreeMap::new(),
                     delivered: 0,
                     delivered_keys: HashSet::new(),
                     duplicates: 0,
@@ -132,6 +138,11 @@ impl Shared {
         campaign.arrivals.push(at_ns);
         let second = (self.started_unix + Duration::from_nanos(at_ns)).as_secs();
         campaign.per_second.entry(second).or_insert((0, 0)).0 += 1;
+        if let Some(r) = released_ns {
+            campaign.released.push(r);
+            let second = (self.started_unix + Duration::from_nanos(r)).as_secs();
+            *campaign.released_per_second.entry(second).or_insert(0) += 1;
+        }
         let record = Record {
             campaign: Arc::clone(&campaign.id),
             job,

@@ -69,7 +69,12 @@ async fn paced_three_worker_processes_keep_ten_campaigns_at_their_own_rates() {
         let secs = run.seconds_in(id, seconds.clone());
         let max = secs.iter().copied().max().unwrap_or(0);
         let mean = secs.iter().sum::<u64>() as f64 / secs.len().max(1) as f64;
-        eprintln!("{rate}/s: seconds at the sink {secs:?}");
+        let released: Vec<u64> = released_seconds(&run.sink, id)
+            .iter()
+            .filter(|s| seconds.contains(&s.unix_second))
+            .map(|s| s.requests)
+            .collect();
+        eprintln!("{rate}/s: seconds at the sink {secs:?}, released {released:?}");
         // ≤ rate × 1.02, +1 for a request whose arrival jitters across a second boundary.
         assert!(max as f64 <= rate * 1.02 + 1.0, "{rate}/s: {secs:?}");
         assert!(mean >= 0.97 * rate, "{rate}/s: mean {mean}: {secs:?}");

@@ -94,8 +94,22 @@ async fn delivers_with_the_exact_body_and_idempotency_key() {
         let token = "tok \"b\"\\/é\u{2028}";
         let job = job("j-1", "spring-sale", &["tok-a", token], payload);
 
+        let unix = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        };
+        let before = unix();
         assert_eq!(sender.send(&job, 1).await, SendOutcome::Delivered);
+        let after = unix();
 
+        // The sink counts the push at the second the sender stamped on it.
+        let released = sink.released_per_second("spring-sale");
+        assert_eq!(released.values().sum::<u64>(), 1, "{released:?}");
+        assert!(released.keys().all(|s| (before..=after).contains(s)));
+        let window = Duration::from_secs(1);
+        assert_eq!(sink.max_released_in_window("spring-sale", window), 1);
         let arrivals = sink.arrivals();
         assert_eq!(arrivals.len(), 1);
         let a = &arrivals[0];
