@@ -4,7 +4,9 @@
 //! this process (the one being spent and the next, fetched ahead), under the campaign's
 //! own short mutex, without allocating. A lease is a run of slots of the campaign's
 //! schedule, spaced by its interval: so the lease's rate is the campaign's rate, and its
-//! slots are this worker's part of the global total that Redis keeps.
+//! slots are this worker's part of the global total that Redis keeps. They are placed
+//! on this worker's clock by Redis's ([`super::redis_clock`]): never early, and late by
+//! the quickest recent round trip, however long this answer took to be read.
 //!
 //! **The campaign's own algorithm.** Redis decides how many permits a worker gets; the
 //! campaign's algorithm decides when, within its leases, they go. The limiter holds a

@@ -15,6 +15,7 @@
 //! - [`redis_sliding_window`]: Criteo's weighted two-window approximation, as a second
 //!   algorithm and a comparison.
 //! - [`lease`]: the lease-spending limiter and its refill task.
+//! - [`redis_clock`]: places a GCRA lease's slots on the worker's clock by Redis's.
 //! - [`fallback`]: Redis unreachable: a local limiter of the campaign's algorithm at
 //!   send_rate / workers, the number of workers taken from the consumer group's
 //!   membership or `limiter.workers_estimate`.
@@ -23,6 +24,7 @@
 
 pub mod fallback;
 pub mod lease;
+pub mod redis_clock;
 pub mod redis_gcra;
 pub mod redis_sliding_window;
 pub mod scope;
@@ -58,7 +60,13 @@ pub use crate::redis_link::LinkError as DistributedError;
 pub enum LeaseAnswer {
     /// `permits` slots, the first `offset_micros` from the script's "now" (negative when
     /// the burst lets the lease start in the past), spaced by the campaign's interval.
-    Granted { permits: u32, offset_micros: i64 },
+    /// `redis_now_micros`: that "now" on Redis's clock, for a schedule kept there
+    /// (`None`: the lease starts on receipt).
+    Granted {
+        permits: u32,
+        offset_micros: i64,
+        redis_now_micros: Option<i64>,
+    },
     /// Nothing now; ask again after this long.
     Wait(Duration),
 }
@@ -115,6 +123,7 @@ pub(crate) struct Inner {
     pub(crate) runtime: tokio::runtime::Handle,
     round_trips: AtomicU64,
     pub(crate) membership: Membership,
+    pub(crate) redis_clock: redis_clock::RedisClock,
     /// Whether the outage has been logged (once per outage, not per campaign).
     outage_logged: AtomicBool,
 }
@@ -130,6 +139,7 @@ impl RedisLimiterFactory {
         let (runtime, client) = RedisLink::open(config.url.expose_secret())?;
         let inner = Arc::new(Inner {
             membership: Membership::new(config.workers_estimate),
+            redis_clock: redis_clock::RedisClock::new(),
             link: RedisLink::new(config.connect_timeout),
             config,
             clock,

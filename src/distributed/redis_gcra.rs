@@ -15,7 +15,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 /// KEYS[1]: the campaign's TAT key. ARGV: interval µs, n, horizon µs, tolerance µs (the
-/// burst), ttl ms. Returns `{k, offset_µs}` with k ≥ 1, or `{0, wait_µs}`.
+/// burst), ttl ms. Returns `{k, offset_µs, now_µs}` with k ≥ 1, or `{0, wait_µs, now_µs}`:
+/// `now_µs` lets the worker place the slots by Redis's clock ([`super::redis_clock`]).
 pub const LUA: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -28,11 +29,11 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now - tolerance then tat = now - tolerance end
 local room = math.floor((now + horizon - tat) / interval)
 if room < 1 then
-  return {0, math.ceil(tat + interval - horizon - now)}
+  return {0, math.ceil(tat + interval - horizon - now), now}
 end
 local k = math.min(n, room)
 redis.call('SET', KEYS[1], string.format('%.3f', tat + k * interval), 'PX', ARGV[5])
-return {k, math.floor(tat - now)}
+return {k, math.floor(tat - now), now}
 "#;
 
 static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LUA));
@@ -56,7 +57,7 @@ pub async fn lease(
     let tolerance_us = interval_us * f64::from(burst);
     // The key outlives the schedule it holds by a margin; an idle campaign's key expires.
     let ttl_ms = (horizon_us + tolerance_us) / 1000.0 + 60_000.0;
-    let (k, t): (i64, i64) = SCRIPT
+    let (k, t, now): (i64, i64, i64) = SCRIPT
         .key(key)
         .arg(format!("{interval_us:.4}"))
         .arg(n)
@@ -65,7 +66,7 @@ pub async fn lease(
         .arg(ttl_ms.ceil() as u64)
         .invoke_async(conn)
         .await?;
-    Ok(answer(k, t))
+    Ok(answer(k, t, now))
 }
 
 /// The interval of `rate` in microseconds, from the same fixed point the local limiters
@@ -74,11 +75,12 @@ pub fn interval_micros(rate: Rate) -> f64 {
     (rate.interval_fp() as f64) / f64::from(1u32 << FP_SHIFT) / 1000.0
 }
 
-fn answer(k: i64, t: i64) -> LeaseAnswer {
+fn answer(k: i64, t: i64, now: i64) -> LeaseAnswer {
     match u32::try_from(k) {
         Ok(permits) if permits > 0 => LeaseAnswer::Granted {
             permits,
             offset_micros: t,
+            redis_now_micros: Some(now),
         },
         _ => LeaseAnswer::Wait(Duration::from_micros(t.max(1) as u64)),
     }

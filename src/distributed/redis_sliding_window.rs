@@ -75,6 +75,7 @@ pub async fn lease(
         Ok(permits) if permits > 0 => LeaseAnswer::Granted {
             permits,
             offset_micros: 0,
+            redis_now_micros: None,
         },
         _ => LeaseAnswer::Wait(Duration::from_micros(t.max(1) as u64)),
     })

@@ -42,12 +42,20 @@ pub(super) async fn refill(shared: Arc<Shared>, inner: Arc<Inner>) {
                     LeaseAnswer::Granted {
                         permits,
                         offset_micros,
+                        redis_now_micros,
                     } => {
                         gauge.set(f64::from(permits));
-                        // The answer's "now" is at most one round trip before ours: the
-                        // slots land that much late, never early.
+                        // Never early; late by the quickest recent round trip (Redis's
+                        // clock), or by this one (a lease that starts on receipt).
                         let at = inner.clock.now();
-                        let start = at.saturating_add_signed(offset_micros.saturating_mul(1000));
+                        let start = match redis_now_micros {
+                            Some(now) => {
+                                inner
+                                    .redis_clock
+                                    .place(now, now.saturating_add(offset_micros), at)
+                            }
+                            None => at.saturating_add_signed(offset_micros.saturating_mul(1000)),
+                        };
                         shared
                             .state
                             .lock()

@@ -16,8 +16,8 @@ async fn three_workers_at_2000() -> ProcessRun {
     let full = run.seconds_in(&id, seconds);
     let max = full.iter().copied().max().unwrap_or(0);
     let mean = full.iter().sum::<u64>() as f64 / full.len().max(1) as f64;
-    eprintln!("3 workers, 2000/s over 6 partitions (group settled after {settled:?}): seconds at the sink {full:?}");
-    // ≤ 2,000 × 1.02, +1 for a request whose arrival jitters across a second boundary.
+    eprintln!("3 workers, 2000/s over 6 partitions (group settled after {settled:?}): seconds released {full:?}");
+    // The limiter's promise (+1: one send late, the next on time) within ±2%.
     assert!(max <= 2041, "largest second {max}: {full:?}");
     assert!(mean >= 0.97 * 2000.0, "mean {mean}: {full:?}");
     run
@@ -69,13 +69,8 @@ async fn paced_three_worker_processes_keep_ten_campaigns_at_their_own_rates() {
         let secs = run.seconds_in(id, seconds.clone());
         let max = secs.iter().copied().max().unwrap_or(0);
         let mean = secs.iter().sum::<u64>() as f64 / secs.len().max(1) as f64;
-        let released: Vec<u64> = released_seconds(&run.sink, id)
-            .iter()
-            .filter(|s| seconds.contains(&s.unix_second))
-            .map(|s| s.requests)
-            .collect();
-        eprintln!("{rate}/s: seconds at the sink {secs:?}, released {released:?}");
-        // ≤ rate × 1.02, +1 for a request whose arrival jitters across a second boundary.
+        eprintln!("{rate}/s: seconds released {secs:?}");
+        // The limiter's promise (+1: one send late, the next on time) within ±2%.
         assert!(max as f64 <= rate * 1.02 + 1.0, "{rate}/s: {secs:?}");
         assert!(mean >= 0.97 * rate, "{rate}/s: mean {mean}: {secs:?}");
     }
@@ -90,6 +85,8 @@ const REDIS_BACK_LOG: &str = "redis answers again; campaigns back on shared leas
 /// A campaign on its fallback probes Redis every 250 ms (lease.rs `PROBE_EVERY`); the
 /// rest is room for a reconnect and a stall on the shared cores.
 const REDIS_BACK_LIMIT: Duration = Duration::from_secs(10);
+/// 2,000 × 1.02, and one send late per worker on its own fallback limiter.
+const FALLBACK_BAND: u64 = 2_040 + 3;
 /// What the scheduler logs when a campaign has no work left in a worker.
 const CAMPAIGN_IDLE_LOG: &str = "campaign idle";
 
@@ -116,11 +113,13 @@ async fn paced_redis_stopped_for_20_s_the_fallback_holds_the_rate_and_nothing_is
     proxy.set_up(true);
     let max = during.iter().copied().max().unwrap_or(0);
     let mean = during.iter().sum::<u64>() as f64 / during.len().max(1) as f64;
-    eprintln!("redis cut for 20 s, 3 workers at 2000/s: seconds at the sink {during:?} (largest {max}, mean {mean:.1})");
+    eprintln!("redis cut for 20 s, 3 workers at 2000/s: seconds released {during:?} (largest {max}, mean {mean:.1})");
     // The fallback: 2000 / 3 per worker (the group's members, or the estimate of 3), so
     // never above the rate. Below it while a worker holds no partitions (a rebalance):
-    // its third is not lent to the others without Redis. Sending never stops.
-    assert!(max <= 2041, "largest second {max}: {during:?}");
+    // its third is not lent to the others without Redis. Sending never stops. Three
+    // limiters that do not know of each other each keep their own promise (+1: one send
+    // late, the next on time), so a second may hold the ±2% band plus one per worker.
+    assert!(max <= FALLBACK_BAND, "largest second {max}: {during:?}");
     assert!(during.iter().all(|&n| n > 0), "sending stopped: {during:?}");
     // Every worker that fell back is on shared leases again.
     // A worker whose share ran out during the outage released the campaign (and its
@@ -141,7 +140,7 @@ async fn paced_redis_stopped_for_20_s_the_fallback_holds_the_rate_and_nothing_is
     })
     .await;
     let back = whole_seconds(&run.sink, &id, Duration::from_secs(3)).await;
-    eprintln!("after redis returns: {back:?}");
+    eprintln!("after redis returns, released: {back:?}");
     assert!(back.iter().all(|&n| n <= 2041), "{back:?}");
     let duplicates = run.finish().await;
     eprintln!("redis outage: duplicates {duplicates}");
