@@ -281,20 +281,7 @@ async fn first_grant(
 async fn leased_permits_take_the_campaigns_own_shape_but_window_algorithms_keep_the_slots() {
     let _g = pacing_lock().await;
     let clock = Arc::new(MonotonicClock::new());
-    let f = RedisLimiterFactory::new(
-        config(
-            format!("redis://{REDIS}"),
-            RedisAlgorithm::RedisGcra,
-            100,
-            1,
-        ),
-        clock.clone(),
-    )
-    .unwrap();
-    let end = Instant::now() + Duration::from_secs(5);
-    while !f.is_connected() && Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let f = gcra_factory(format!("redis://{REDIS}"), 1, clock.clone()).await;
     // A token bucket with burst 20 sends its 21 at once from the first lease (Redis's
     // tolerance lets that lease start 20 slots back), as it would alone.
     let bucket = first_grant(&f, &clock, Algorithm::TokenBucket, 20).await;
@@ -327,16 +314,7 @@ async fn leased_permits_take_the_campaigns_own_shape_but_window_algorithms_keep_
 async fn a_stall_on_redis_leases_is_made_up_by_at_most_quantum_min() {
     const MS: Nanos = 1_000_000;
     let clock = Arc::new(MonotonicClock::new());
-    let f = RedisLimiterFactory::new(
-        config(
-            format!("redis://{REDIS}"),
-            RedisAlgorithm::RedisGcra,
-            100,
-            1,
-        ),
-        clock.clone(),
-    )
-    .unwrap();
+    let f = gcra_factory(format!("redis://{REDIS}"), 1, clock.clone()).await;
     let lim = f.limiter(
         &unique_name("c"),
         Algorithm::Gcra,

@@ -46,6 +46,18 @@ fn config(url: String, algorithm: RedisAlgorithm, lease_ms: u64, workers: u32) -
     }
 }
 
+/// A factory on 100 ms GCRA leases at `url`, sized for `workers`, once it has connected
+/// (or after 5 s: the test's own checks then fail on the fallback).
+async fn gcra_factory(url: String, workers: u32, clock: Arc<dyn Clock>) -> RedisLimiterFactory {
+    let f = RedisLimiterFactory::new(config(url, RedisAlgorithm::RedisGcra, 100, workers), clock)
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while !f.is_connected() && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f
+}
+
 pub(super) fn unix_now_f64() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -107,20 +107,12 @@ async fn paced_redis_outage_falls_back_to_rate_over_workers_and_comes_back() {
     let _g = pacing_lock().await;
     let proxy = Proxy::start(REDIS).await;
     let clock = Arc::new(MonotonicClock::new());
-    let f = RedisLimiterFactory::new(
-        config(
-            format!("redis://127.0.0.1:{}", proxy.port),
-            RedisAlgorithm::RedisGcra,
-            100,
-            2,
-        ),
+    let f = gcra_factory(
+        format!("redis://127.0.0.1:{}", proxy.port),
+        2,
         clock.clone(),
     )
-    .unwrap();
-    let end = Instant::now() + Duration::from_secs(5);
-    while !f.is_connected() && Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    .await;
     let lim = Arc::new(f.limiter("c", Algorithm::Gcra, Rate::per_second(1000.0).unwrap(), 0));
     let run = |secs: u64| {
         let log: Log = Arc::default();
