@@ -10,7 +10,7 @@
 //! into the next worker's slots (docs/BENCHMARKS.md, "lease slots on Redis's clock").
 //!
 //! Recent: the best of the current and the previous [`WINDOW`], each sample aged by
-//! [`MAX_SLEW`], so a step or a slew of either clock cannot place slots early for long.
+//! [`SLEW_DIVISOR`], so a step or a slew of either clock cannot place slots early for long.
 
 use crate::limiter::Nanos;
 use parking_lot::Mutex;
