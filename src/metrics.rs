@@ -139,6 +139,10 @@ fn describe() {
         "delivered_total",
         "Devices delivered since the worker started, all campaigns"
     );
+    metrics::describe_counter!(
+        "scheduler_rounds_total",
+        "Scheduler rounds (wake-ups that visited the due campaigns) since the worker started"
+    );
     metrics::counter!("retries_total").increment(0);
     for kind in [
         crate::store::DeadLetterKind::MalformedJob,
@@ -163,6 +167,7 @@ fn describe() {
 pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
     metrics::gauge!("active_campaigns").set(scheduler.active_campaigns as f64);
     metrics::counter!("delivered_total").absolute(scheduler.delivered);
+    metrics::counter!("scheduler_rounds_total").absolute(scheduler.rounds);
     metrics::gauge!("buffered_jobs").set(consumer.buffered_jobs as f64);
     metrics::gauge!("buffered_devices").set(consumer.buffered_devices as f64);
     metrics::gauge!("parked_jobs").set(consumer.parked_jobs as f64);

@@ -303,6 +303,9 @@ pub struct WorkerSettings {
     pub max_active_campaigns: usize,
     pub quantum_min_ms: u64,
     pub quantum_max_ms: u64,
+    /// A timed round comes at least this long after the last: one wake-up serves every
+    /// campaign due within it (0: a wake-up at each instant a limiter names).
+    pub wake_slack_ms: u64,
     pub stats_flush_ms: u64,
     pub drain_timeout_ms: u64,
     pub max_buffered_jobs: usize,

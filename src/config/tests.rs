@@ -79,6 +79,11 @@ fn invalid_values_name_the_key() {
     assert!(e.to_string().starts_with("limiter.send_rate: "), "{e}");
     let e = load(&[], &["worker.quantum_max_ms=5"]).unwrap_err();
     assert!(e.to_string().starts_with("worker.quantum_max_ms"), "{e}");
+    // A slack past half of quantum_min could outlast what a late turn makes up.
+    let e = load(&[], &["worker.wake_slack_ms=6"]).unwrap_err();
+    assert!(e.to_string().starts_with("worker.wake_slack_ms"), "{e}");
+    assert!(load(&[], &["worker.wake_slack_ms=5"]).is_ok());
+    assert!(load(&[], &["worker.wake_slack_ms=0"]).is_ok());
     for bad in ["0", "5001"] {
         let e = load(&[("PUSHPACE__KAFKA__FETCH_WAIT_MAX_MS", bad)], &[]).unwrap_err();
         assert_eq!(e.to_string(), "kafka.fetch_wait_max_ms: must be 1–5000");

@@ -106,6 +106,14 @@ impl WorkerSettings {
                 "must be between worker.quantum_min_ms and 1000",
             ));
         }
+        // A turn up to quantum_min late is made up in full; half of it leaves room for
+        // the timer's own lateness.
+        if w.wake_slack_ms > w.quantum_min_ms / 2 {
+            return Err(invalid(
+                "worker.wake_slack_ms",
+                "must be at most half of worker.quantum_min_ms",
+            ));
+        }
         if !(10..=60_000).contains(&w.stats_flush_ms) {
             return Err(invalid("worker.stats_flush_ms", "must be 10–60000"));
         }

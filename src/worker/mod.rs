@@ -326,6 +326,7 @@ fn build_scheduler(
             limiters,
             forget_after: Duration::from_millis(w.forget_idle_after_ms),
             visit_all_every: None,
+            wake_slack: Duration::from_millis(w.wake_slack_ms),
         },
         Arc::clone(providers),
         recorder,

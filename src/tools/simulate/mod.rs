@@ -62,7 +62,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub ceiling: bool,
     /// Run the scheduler itself with this many campaigns in issue 24's long-tailed mix
-    /// instead (`pacing.rs`); with --total-rate, --seconds, --job-size, --lateness-ms.
+    /// instead (`pacing.rs`); with --total-rate, --seconds, --job-size, --lateness-ms,
+    /// --wake-slack-ms.
     #[arg(long)]
     pub campaigns: Option<usize>,
     /// With --campaigns: the summed rate of the mix.
@@ -77,6 +78,12 @@ pub struct SimulateArgs {
     /// With --campaigns: each wake-up comes up to this late (seeded, uniform).
     #[arg(long, default_value_t = 1.0)]
     pub lateness_ms: f64,
+    /// With --campaigns: the scheduler's `worker.wake_slack_ms`.
+    #[arg(long, default_value_t = crate::worker::scheduler::DEFAULT_WAKE_SLACK_MS)]
+    pub wake_slack_ms: u64,
+    /// With --campaigns: the seed of the wake-ups' lateness.
+    #[arg(long, default_value_t = 24)]
+    pub seed: u64,
 }
 
 impl Default for SimulateArgs {
@@ -95,6 +102,8 @@ impl Default for SimulateArgs {
             seconds: 30,
             job_size: 500,
             lateness_ms: 1.0,
+            wake_slack_ms: crate::worker::scheduler::DEFAULT_WAKE_SLACK_MS,
+            seed: 24,
         }
     }
 }
@@ -370,6 +379,8 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             seconds: args.seconds,
             job_size: args.job_size.max(1),
             max_lateness: (args.lateness_ms.max(0.0) * 1e6) as Nanos,
+            wake_slack: std::time::Duration::from_millis(args.wake_slack_ms),
+            seed: args.seed,
             ..pacing::PacingSim::default()
         };
         return Ok(pacing::table(&sim, &pacing::run(&sim)));

@@ -139,8 +139,8 @@ pub async fn run(
     let _ = stats_out.send(scheduler.stats());
 }
 
-/// When to run the next round without news: the instant the scheduler named, at the
-/// latest the end of this round's quantum or the drain deadline; and counts not yet
+/// When to run the next round without news: [`Scheduler::next_round_at`], at the latest
+/// the drain deadline; and counts not yet
 /// published (`unpublished`: the last publish) go out within [`STATS_EVERY`], also when
 /// the next round is a whole idle quantum away (the last sends of a burst).
 fn wake_at(
@@ -151,8 +151,7 @@ fn wake_at(
     drain_deadline: Option<tokio::time::Instant>,
     unpublished: Option<tokio::time::Instant>,
 ) -> tokio::time::Instant {
-    let round_end = time.instant(now + scheduler.quantum().as_nanos() as Nanos);
-    let mut wake_at = wake.map_or(round_end, |w| time.instant(w).min(round_end));
+    let mut wake_at = time.instant(scheduler.next_round_at(now, wake));
     if let Some(d) = drain_deadline {
         wake_at = wake_at.min(d);
     }

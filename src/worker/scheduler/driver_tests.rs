@@ -1,6 +1,7 @@
-//! The driver against a clock that runs apart from tokio's, on tokio's paused clock: the
+//! The driver on tokio's paused clock: against a clock that runs apart from tokio's (the
 //! worker's TSC clock and the OS clock drift by tens of ppm, which over hours is what
-//! these tests compress into seconds (1%).
+//! these tests compress into seconds: 1%), and with many campaigns, whose wake-ups the
+//! slack gathers.
 
 use super::*;
 use crate::limiter::Algorithm;
@@ -55,13 +56,14 @@ async fn an_instant_is_named_by_its_distance_from_the_clocks_now() {
     }
 }
 
-/// Runs the driver for `secs` of tokio's time with one campaign at 1,000/s by a clock
-/// `ppm` apart, and returns its sends.
-async fn sends_with_skew(ppm: i64, secs: u64) -> u64 {
+/// Runs the driver for `secs` of tokio's time with a campaign `c<i>` at each of `rates`
+/// by a clock `ppm` apart, each with more devices than it can send; returns the
+/// scheduler's last snapshot.
+async fn drive(config: SchedulerConfig, rates: &[f64], ppm: i64, secs: u64) -> SchedulerStats {
     let (completions_tx, completions) = mpsc::unbounded_channel();
     let (events, _) = std::sync::mpsc::channel();
     let mut s = Scheduler::new(
-        SchedulerConfig::default(),
+        config,
         AnySender::Null(NullSender),
         StatsRecorder::new(),
         completions_tx,
@@ -69,13 +71,21 @@ async fn sends_with_skew(ppm: i64, secs: u64) -> u64 {
     );
     let clock = SkewedClock::new(ppm);
     let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
-    let rate = Rate::per_second(1_000.0).unwrap();
-    let settings = CampaignSettings::active("c", rate, Algorithm::Gcra);
-    // 40,000 devices: more than the campaign can send in the run.
-    for j in 0..4 {
-        let devices = (0..10_000).map(|d| format!("dev-{j}-{d}")).collect();
-        let job = Job::new(format!("j{j}"), "c", devices, payload.clone()).unwrap();
-        s.add_job(IncomingJob::fresh(job, 0, j, settings.clone()), clock.now());
+    for (i, &rate) in rates.iter().enumerate() {
+        let id = format!("c{i}");
+        let settings =
+            CampaignSettings::active(&id, Rate::per_second(rate).unwrap(), Algorithm::Gcra);
+        let devices = (rate * 1.1 * secs as f64) as usize + 100;
+        for (j, start) in (0..devices).step_by(10_000).enumerate() {
+            let n = 10_000.min(devices - start);
+            let list = (0..n).map(|d| format!("{id}-{}", start + d)).collect();
+            let job = Job::new(format!("{id}-{j}"), &id, list, payload.clone()).unwrap();
+            let offset = (i * 1_000 + j) as i64;
+            s.add_job(
+                IncomingJob::fresh(job, 0, offset, settings.clone()),
+                clock.now(),
+            );
+        }
     }
     let (_control_tx, control) = mpsc::channel(16);
     let (stats_tx, mut stats) = tokio::sync::watch::channel(SchedulerStats::default());
@@ -92,8 +102,15 @@ async fn sends_with_skew(ppm: i64, secs: u64) -> u64 {
     tokio::time::sleep(Duration::from_secs(secs)).await;
     stop.cancel();
     task.await.unwrap();
-    let sends = stats.borrow_and_update().sends;
-    sends
+    let last = stats.borrow_and_update().clone();
+    last
+}
+
+/// One campaign at 1,000/s by a clock `ppm` apart: its sends in `secs`.
+async fn sends_with_skew(ppm: i64, secs: u64) -> u64 {
+    drive(SchedulerConfig::default(), &[1_000.0], ppm, secs)
+        .await
+        .sends
 }
 
 #[tokio::test(start_paused = true)]
@@ -109,4 +126,55 @@ async fn a_clock_apart_from_tokios_neither_slows_nor_spins_the_driver() {
             "{ppm} ppm: {sends} sends, want {want}"
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_wake_slack_gathers_wake_ups_and_loses_no_send() {
+    // 100 campaigns at 2–2,000/s, log-spaced: someone's next permit falls in nearly
+    // every millisecond, so without slack the driver wakes about once per timer tick.
+    let rates: Vec<f64> = (0..100)
+        .map(|i| 2.0 * 1_000f64.powf(i as f64 / 99.0))
+        .collect();
+    let secs = 5;
+    let mut rounds = Vec::new();
+    for slack_ms in [0, 4] {
+        let config = SchedulerConfig {
+            wake_slack: Duration::from_millis(slack_ms),
+            ..SchedulerConfig::default()
+        };
+        let last = drive(config, &rates, 0, secs).await;
+        for c in last.campaigns.iter() {
+            let i: usize = c.id[1..].parse().unwrap();
+            let want = rates[i] * secs as f64;
+            // ±2: the permit due at the start and the one at the stop (virtual time, no
+            // noise). Below that, at most what the slack holds back at the stop: a
+            // late turn makes up the rest in full.
+            let held = rates[i] * slack_ms as f64 / 1e3;
+            let sent = c.sent as f64;
+            assert!(
+                sent <= want + 2.0 && sent >= want - 2.0 - held,
+                "slack {slack_ms} ms: {} sent {sent}, want {want} (−{held:.1})",
+                c.id,
+            );
+        }
+        rounds.push(last.rounds);
+    }
+    eprintln!(
+        "rounds in {secs} s: {} without slack, {} with 4 ms",
+        rounds[0], rounds[1]
+    );
+    // With 4 ms: at most one timed round per 4 ms, plus one per snapshot published
+    // (every 100 ms) and the first.
+    let bound = secs * (1_000 / 4 + 10) + 1;
+    assert!(
+        rounds[1] <= bound,
+        "{} rounds with slack, bound {bound}",
+        rounds[1]
+    );
+    assert!(
+        rounds[0] > 2 * rounds[1],
+        "without slack {} rounds, with {}: the slack gathered nothing",
+        rounds[0],
+        rounds[1]
+    );
 }

@@ -11,6 +11,8 @@ pub struct SchedulerStats {
     pub in_flight: usize,
     pub open_jobs: usize,
     pub sends: u64,
+    /// Rounds run since the worker started.
+    pub rounds: u64,
     /// Devices delivered since the worker started, over all campaigns (unlike the
     /// per-campaign counts, this survives a campaign's release).
     pub delivered: u64,

@@ -15,11 +15,25 @@ impl Scheduler {
             .clamp(self.config.quantum_min, self.config.quantum_max)
     }
 
+    /// When the next round runs if nothing arrives first: at the instant `run_round`
+    /// named (`wake`), at the latest the end of this round's quantum, and no sooner than
+    /// `wake_slack` after `now`. Without the slack a thousand campaigns name a thousand
+    /// instants a second and each costs a wake-up; with it one wake-up serves all that
+    /// fell due within it, and a turn up to `quantum_min` late loses no permit
+    /// ([`acquire_catching_up`]), so sends keep their limiter's schedule, shifted by at
+    /// most the slack.
+    pub fn next_round_at(&self, now: Nanos, wake: Option<Nanos>) -> Nanos {
+        let round_end = now + self.quantum().as_nanos() as Nanos;
+        let earliest = now + self.config.wake_slack.as_nanos() as Nanos;
+        wake.map_or(round_end, |w| w.max(earliest).min(round_end))
+    }
+
     /// One round: a turn for every active campaign. Returns when the scheduler next has
     /// something to do (a limiter's next permit or a retry falling due), if sooner than
     /// the next round.
     pub fn run_round(&mut self, now: Nanos, unix_sec: u64) -> Option<Nanos> {
         self.now_hint = self.now_hint.max(now);
+        self.counters.rounds += 1;
         self.tick_lanes(now, unix_sec);
         self.settle_letters();
         self.sweep_known(now);
