@@ -64,6 +64,7 @@ fn install_once() -> Result<PrometheusHandle, MetricsError> {
         .install_recorder()
         .map_err(err)?;
     describe();
+    zero_values();
     let upkeep = handle.clone();
     let spawned = std::thread::Builder::new()
         .name("metrics-upkeep".into())
@@ -78,7 +79,7 @@ fn install_once() -> Result<PrometheusHandle, MetricsError> {
     Ok(handle)
 }
 
-/// HELP texts, and zero values so that every series exists before its first event.
+/// HELP texts.
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
@@ -143,6 +144,10 @@ fn describe() {
         "scheduler_rounds_total",
         "Scheduler rounds (wake-ups that visited the due campaigns) since the worker started"
     );
+}
+
+/// Zero values, so that every series exists before its first event.
+fn zero_values() {
     metrics::counter!("retries_total").increment(0);
     for kind in [
         crate::store::DeadLetterKind::MalformedJob,

@@ -140,9 +140,9 @@ pub async fn run(
 }
 
 /// When to run the next round without news: [`Scheduler::next_round_at`], at the latest
-/// the drain deadline; and counts not yet
-/// published (`unpublished`: the last publish) go out within [`STATS_EVERY`], also when
-/// the next round is a whole idle quantum away (the last sends of a burst).
+/// the drain deadline; and counts not yet published (`unpublished`: the last publish)
+/// go out within [`STATS_EVERY`], also when the next round is a whole idle quantum away
+/// (the last sends of a burst).
 fn wake_at(
     scheduler: &Scheduler,
     time: &TimeBase,

@@ -70,10 +70,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-/// The shipped `worker.wake_slack_ms`. Tokio's timer fires on whole milliseconds, so
-/// a slack of 1 changes little; at 2 the wake-ups of a thousand campaigns fall from
-/// about 900 to at most 500 a second (docs/BENCHMARKS.md), while a send leaves at most
-/// 2 ms after its permit, a fifth of `quantum_min`, which a late turn makes up in full.
+/// The shipped `worker.wake_slack_ms`: a send leaves at most 2 ms after its permit, a
+/// fifth of `quantum_min`, which a late turn makes up in full; what the wake-ups it
+/// gathers save is in docs/BENCHMARKS.md.
 pub const DEFAULT_WAKE_SLACK_MS: u64 = 2;
 
 /// The scheduler's settings.
