@@ -7,7 +7,8 @@
 //! work and in-flight room ([`RateLimiter::acquire_up_to`]), dispatches that many sends
 //! without waiting for them, and yields. Between rounds the task sleeps until the
 //! earliest instant a limiter named, a retry falls due, or the next round, so it never
-//! spins.
+//! spins; and at least `wake_slack` ([`Scheduler::next_round_at`]), so that one wake-up
+//! serves every campaign due within it.
 //!
 //! The core ([`Scheduler`]) is synchronous and owns all its state: no locks, and no
 //! allocation per send with the null sender (the send's future is ready at once and
