@@ -144,6 +144,10 @@ fn describe() {
         "scheduler_rounds_total",
         "Scheduler rounds (wake-ups that visited the due campaigns) since the worker started"
     );
+    metrics::describe_counter!(
+        "scheduler_turns_total",
+        "Campaign turns (one per campaign due in a round) since the worker started"
+    );
 }
 
 /// Zero values, so that every series exists before its first event.
@@ -173,6 +177,7 @@ pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
     metrics::gauge!("active_campaigns").set(scheduler.active_campaigns as f64);
     metrics::counter!("delivered_total").absolute(scheduler.delivered);
     metrics::counter!("scheduler_rounds_total").absolute(scheduler.rounds);
+    metrics::counter!("scheduler_turns_total").absolute(scheduler.turns);
     metrics::gauge!("buffered_jobs").set(consumer.buffered_jobs as f64);
     metrics::gauge!("buffered_devices").set(consumer.buffered_devices as f64);
     metrics::gauge!("parked_jobs").set(consumer.parked_jobs as f64);

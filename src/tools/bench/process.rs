@@ -27,6 +27,7 @@ pub(super) struct Sample {
     pub(super) buffered_devices: f64,
     pub(super) paused_partitions: f64,
     pub(super) rounds: f64,
+    pub(super) turns: f64,
 }
 
 /// How often `time_until` scrapes the worker before the last 5% of its sends.
@@ -72,6 +73,8 @@ impl WorkerProcess {
                 s.paused_partitions = metric_value(line);
             } else if line.starts_with("scheduler_rounds_total ") {
                 s.rounds = metric_value(line);
+            } else if line.starts_with("scheduler_turns_total ") {
+                s.turns = metric_value(line);
             }
         }
         Ok(s)
@@ -90,7 +93,7 @@ impl WorkerProcess {
         // The send curve, for telling a slow start or tail from a slow middle.
         let started = Instant::now();
         let mut curve = String::from(
-            "seconds,sends,cpu_seconds,buffered_devices,parked_jobs,paused_partitions,rounds\n",
+            "seconds,sends,cpu_seconds,buffered_devices,parked_jobs,paused_partitions,rounds,turns\n",
         );
         let bar = progress_bar(total, phase);
         while Instant::now() < deadline {
@@ -106,13 +109,14 @@ impl WorkerProcess {
                 if let Some(at) = s.at {
                     let t = (at - started).as_secs_f64();
                     curve.push_str(&format!(
-                        "{t:.3},{},{:.3},{},{},{},{}\n",
+                        "{t:.3},{},{:.3},{},{},{},{},{}\n",
                         s.sends,
                         s.cpu_s,
                         s.buffered_devices,
                         s.parked,
                         s.paused_partitions,
-                        s.rounds
+                        s.rounds,
+                        s.turns
                     ));
                 }
                 if s.sends > 0 && first.is_none() {

@@ -55,6 +55,7 @@ impl Default for PacingSim {
 pub struct PacingSimReport {
     pub figures: Pacing1000Result,
     pub rounds: u64,
+    pub turns: u64,
     /// Wall time spent in rounds (the scheduler's own CPU), per send.
     pub ns_per_send: f64,
     pub rates: Vec<f64>,
@@ -149,10 +150,12 @@ pub fn run(sim: &PacingSim) -> PacingSimReport {
         .enumerate()
         .map(|(i, r)| (format!("c{i:04}"), *r))
         .collect();
-    let sends = s.stats().sends.max(1);
+    let stats = s.stats();
+    let sends = stats.sends.max(1);
     PacingSimReport {
         figures: pacing_1000_figures(&rows, &rate_of),
         rounds,
+        turns: stats.turns,
         ns_per_send: in_rounds.as_nanos() as f64 / sends as f64,
         rates,
         rows,
@@ -178,7 +181,7 @@ fn collect(s: &Scheduler, second: i64, before: &mut [u64], rows: &mut Vec<(Strin
 pub fn table(sim: &PacingSim, r: &PacingSimReport) -> String {
     let p = &r.figures;
     format!(
-        "{} campaigns summing to {:.0}/s, jobs of {}, wake-ups up to {:.1} ms late after a slack of {} ms, {} rounds, {:.0} ns in rounds per send (wall time, this process)\n\
+        "{} campaigns summing to {:.0}/s, jobs of {}, wake-ups up to {:.1} ms late after a slack of {} ms, {} rounds, {} turns, {:.0} ns in rounds per send (wall time, this process)\n\
          ≥ 100/s: {} campaign-seconds, p50 {:.2}% p99 {:.2}% (target ≤ 1%)\n\
          < 100/s: {} campaign-seconds, at most {:.2} send(s) off (target ≤ 1)\n",
         p.campaigns,
@@ -187,6 +190,7 @@ pub fn table(sim: &PacingSim, r: &PacingSimReport) -> String {
         sim.max_lateness as f64 / 1e6,
         sim.wake_slack.as_millis(),
         r.rounds,
+        r.turns,
         r.ns_per_send,
         p.fast_campaign_seconds,
         p.fast_p50 * 100.0,

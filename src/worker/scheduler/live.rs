@@ -13,6 +13,11 @@ pub struct SchedulerStats {
     pub sends: u64,
     /// Rounds run since the worker started.
     pub rounds: u64,
+    /// Campaign turns run since the worker started (a round holds one per campaign due).
+    pub turns: u64,
+    /// Campaigns registered and settings applied since the worker started: a campaign's
+    /// rate in `campaigns` can have changed only when this did.
+    pub rate_changes: u64,
     /// Devices delivered since the worker started, over all campaigns (unlike the
     /// per-campaign counts, this survives a campaign's release).
     pub delivered: u64,

@@ -418,6 +418,8 @@ impl Scheduler {
             max_active_seen: self.counters.max_active_seen,
             sends: self.counters.sends,
             rounds: self.counters.rounds,
+            turns: self.counters.turns,
+            rate_changes: self.counters.rate_changes,
             delivered: self.counters.delivered,
             skipped_invalid: self.counters.skipped_invalid,
             capped: self.counters.capped,

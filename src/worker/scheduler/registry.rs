@@ -12,6 +12,7 @@ impl Scheduler {
         let Some(&slot) = self.by_id.get(&s.id) else {
             return;
         };
+        self.counters.rate_changes += 1;
         let rebuild = {
             let c = self.campaigns[slot as usize]
                 .as_ref()
@@ -259,6 +260,7 @@ impl Scheduler {
             }
         };
         self.by_id.insert(id, slot);
+        self.counters.rate_changes += 1;
         slot
     }
 

@@ -69,6 +69,7 @@ impl Scheduler {
         now: Nanos,
         unix_sec: u64,
     ) -> Option<Nanos> {
+        self.counters.turns += 1;
         let (want, mut wake, cut) = match self.turn_want(slot, share, now, unix_sec) {
             Ok(w) => w,
             Err(wake) => return wake,
