@@ -2,13 +2,15 @@
 //! metrics-exporter-prometheus (without its own HTTP listener: `GET /metrics` serves it).
 //!
 //! Who emits what:
-//! - the worker, through the facade: `retries_total`, `limiter_wait_seconds`,
+//! - the worker, through the facade: `retries_total`,
 //!   `dead_letters_total{kind}`, `consumer_lag{partition}`, `stats_flush_seconds`,
 //!   `stats_flushes_total`, `stats_flush_statements_total`;
 //! - [`sample`] (run by [`spawn_sampler`] and at every scrape), from the worker's
 //!   snapshots: `delivered_total`, `active_campaigns`, `buffered_jobs`, `buffered_devices`,
 //!   `parked_jobs`, `paused_partitions`;
-//! - [`render`], straight from the scheduler's snapshot: `sends_total{campaign,outcome}`.
+//! - [`render`], straight from the scheduler's snapshot: `sends_total{campaign,outcome}`
+//!   and `limiter_wait_seconds` (a histogram the scheduler keeps itself: one wait per
+//!   turn is too many for the facade's atomic buckets).
 //!
 //! Why `sends_total` bypasses the recorder: campaign labels must exist only while the
 //! campaign is held by the worker, and metrics-exporter-prometheus 0.18 cannot drop one
@@ -22,7 +24,7 @@
 //! nowhere.
 
 use crate::worker::consumer::ConsumerStats;
-use crate::worker::scheduler::SchedulerStats;
+use crate::worker::scheduler::{SchedulerStats, WaitHistogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -36,10 +38,6 @@ pub enum MetricsError {
     Install(String),
 }
 
-/// Histogram buckets for the limiter's waits, in seconds (a quantum is 10 ms–1 s).
-const WAIT_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-];
 /// Histogram buckets for a stats flush transaction, in seconds.
 const FLUSH_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -57,8 +55,6 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
 fn install_once() -> Result<PrometheusHandle, MetricsError> {
     let err = |e: metrics_exporter_prometheus::BuildError| MetricsError::Install(e.to_string());
     let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full("limiter_wait_seconds".into()), WAIT_BUCKETS)
-        .map_err(err)?
         .set_buckets_for_metric(Matcher::Full("stats_flush_seconds".into()), FLUSH_BUCKETS)
         .map_err(err)?
         .install_recorder()
@@ -85,11 +81,6 @@ fn describe() {
     describe_counter!(
         "retries_total",
         "Sends retried (429, 5xx, timeouts, connection errors)"
-    );
-    describe_histogram!(
-        "limiter_wait_seconds",
-        Unit::Seconds,
-        "How long a campaign's limiter asked it to wait for its next permit"
     );
     describe_counter!(
         "dead_letters_total",
@@ -227,10 +218,31 @@ pub fn render(
     if !out.is_empty() && !out.ends_with('\n') {
         out.push('\n');
     }
+    if let Some((s, _)) = worker {
+        render_waits(&mut out, &s.limiter_waits);
+    }
     if per_campaign {
         render_sends(&mut out, worker.map(|(s, _)| s));
     }
     out
+}
+
+/// Appends `limiter_wait_seconds` from the scheduler's own histogram.
+fn render_waits(out: &mut String, h: &WaitHistogram) {
+    out.push_str("# HELP limiter_wait_seconds How long a campaign's limiter asked it to wait for its next permit\n");
+    out.push_str("# TYPE limiter_wait_seconds histogram\n");
+    for (bound, n) in h.cumulative() {
+        out.push_str("limiter_wait_seconds_bucket{le=\"");
+        match bound {
+            Some(b) => {
+                let _ = write!(out, "{b}");
+            }
+            None => out.push_str("+Inf"),
+        }
+        let _ = writeln!(out, "\"}} {n}");
+    }
+    let _ = writeln!(out, "limiter_wait_seconds_sum {}", h.sum);
+    let _ = writeln!(out, "limiter_wait_seconds_count {}", h.count);
 }
 
 /// Appends the `sends_total` family: one series per held campaign and outcome.
@@ -292,6 +304,23 @@ mod tests {
             total_devices: None,
             waiting_start: false,
         }
+    }
+
+    #[test]
+    fn limiter_waits_render_as_a_cumulative_histogram() {
+        let mut h = WaitHistogram::default();
+        h.record(0.0002);
+        h.record(0.02);
+        h.record(9.0);
+        let mut out = String::new();
+        render_waits(&mut out, &h);
+        assert!(out.contains("# TYPE limiter_wait_seconds histogram\n"));
+        assert!(out.contains("limiter_wait_seconds_bucket{le=\"0.0005\"} 1\n"), "{out}");
+        assert!(out.contains("limiter_wait_seconds_bucket{le=\"0.025\"} 2\n"), "{out}");
+        assert!(out.contains("limiter_wait_seconds_bucket{le=\"5\"} 2\n"), "{out}");
+        assert!(out.contains("limiter_wait_seconds_bucket{le=\"+Inf\"} 3\n"), "{out}");
+        assert!(out.contains("limiter_wait_seconds_count 3\n"));
+        assert!(out.contains("limiter_wait_seconds_sum 9.0202\n"), "{out}");
     }
 
     #[test]

@@ -10,6 +10,13 @@
 //!   together, so a count can never be credited to the wrong second, nor lost, however
 //!   writers and the flusher interleave.
 //!
+//! A writer then sets its slot's bit in the campaign's `dirty` mask (one bit per slot),
+//! and the flusher visits only the slots whose bits it takes: a ring is 4.6 KB, and
+//! scanning every word of a thousand campaigns each second read 4.6 MB and pushed the
+//! scheduler's own state out of the caches. The bit is set after the count (release) and
+//! taken before the words (acquire), so a drain that takes a bit sees its counts, and a
+//! count added after its slot was visited leaves the bit set for the next drain.
+//!
 //! When a word still holds another second's count (the flusher is more than a minute
 //! behind, or the writer's clock is), when a count would overflow 38 bits, or for a
 //! second past 2^32 (year 2106), the writer takes the campaign's own spill mutex and
@@ -69,6 +76,8 @@ pub fn unix_second(t: SystemTime) -> u64 {
 pub(crate) struct CampaignCells {
     pub(crate) id: Arc<str>,
     ring: [[AtomicU64; OUTCOMES]; RING_SECONDS as usize],
+    /// Bit `i`: slot `i` may hold counts not drained yet.
+    dirty: AtomicU64,
     spill: Mutex<Vec<(u64, [u64; OUTCOMES])>>,
 }
 
@@ -77,6 +86,7 @@ impl CampaignCells {
         Self {
             id,
             ring: [const { [const { AtomicU64::new(0) }; OUTCOMES] }; RING_SECONDS as usize],
+            dirty: AtomicU64::new(0),
             spill: Mutex::new(Vec::new()),
         }
     }
@@ -95,8 +105,11 @@ impl CampaignCells {
 
     /// Takes every count out, calling `sink(second, outcome index, count)`.
     fn drain(&self, mut sink: impl FnMut(u64, usize, u64)) {
-        for (index, words) in self.ring.iter().enumerate() {
-            for (outcome, word) in words.iter().enumerate() {
+        let mut dirty = self.dirty.swap(0, Ordering::Acquire);
+        while dirty != 0 {
+            let index = dirty.trailing_zeros() as usize;
+            dirty &= dirty - 1;
+            for (outcome, word) in self.ring[index].iter().enumerate() {
                 // Read first: most words are empty, and a swap would dirty their cache line.
                 if word.load(Ordering::Relaxed) == 0 {
                     continue;
@@ -145,7 +158,8 @@ impl CampaignCounter {
         let n = u64::from(n);
         let lap = second >> RING_BITS;
         if lap < LAP_LIMIT {
-            let word = &self.cells.ring[(second & RING_MASK) as usize][outcome as usize];
+            let slot = (second & RING_MASK) as usize;
+            let word = &self.cells.ring[slot][outcome as usize];
             let mut current = word.load(Ordering::Relaxed);
             loop {
                 let count = current & COUNT_MASK;
@@ -162,7 +176,10 @@ impl CampaignCounter {
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => return,
+                    Ok(_) => {
+                        self.cells.dirty.fetch_or(1 << slot, Ordering::Release);
+                        return;
+                    }
                     Err(actual) => current = actual,
                 }
             }

@@ -18,6 +18,8 @@ pub struct SchedulerStats {
     /// Campaigns registered and settings applied since the worker started: a campaign's
     /// rate in `campaigns` can have changed only when this did.
     pub rate_changes: u64,
+    /// How long limiters asked campaigns to wait for their next permit.
+    pub limiter_waits: WaitHistogram,
     /// Devices delivered since the worker started, over all campaigns (unlike the
     /// per-campaign counts, this survives a campaign's release).
     pub delivered: u64,

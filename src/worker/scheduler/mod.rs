@@ -44,6 +44,7 @@ mod jobs;
 mod lanes;
 mod lifecycle;
 mod live;
+mod waits;
 mod messages;
 mod outlet;
 mod registry;
@@ -53,6 +54,7 @@ pub use crate::limiter::factory::{LimiterFactory, LocalLimiters};
 pub use driver::{acquire_catching_up, run, TimeBase};
 use jobs::{ActiveJob, RetryItem};
 pub use live::{CampaignLive, SchedulerStats};
+pub use waits::{WaitHistogram, WAIT_BUCKETS};
 pub use messages::{CampaignSettings, Completion, Control, Event, IncomingJob};
 
 pub use lanes::{LanePoint, ProviderLive, HISTORY_S};
@@ -258,7 +260,6 @@ pub struct Scheduler {
     letters: VecDeque<AwaitLetter>,
     counters: SchedulerStats,
     retries_total: metrics::Counter,
-    limiter_wait: metrics::Histogram,
     /// The latest `now` seen, for rate changes made outside a call that carries one.
     now_hint: Nanos,
     in_round: bool,
@@ -338,7 +339,6 @@ impl Scheduler {
             letters: VecDeque::new(),
             counters: SchedulerStats::default(),
             retries_total: metrics::counter!("retries_total"),
-            limiter_wait: metrics::histogram!("limiter_wait_seconds"),
             now_hint: 0,
             in_round: false,
             deferred_release: Vec::new(),
@@ -420,6 +420,7 @@ impl Scheduler {
             rounds: self.counters.rounds,
             turns: self.counters.turns,
             rate_changes: self.counters.rate_changes,
+            limiter_waits: self.counters.limiter_waits.clone(),
             delivered: self.counters.delivered,
             skipped_invalid: self.counters.skipped_invalid,
             capped: self.counters.capped,

@@ -89,7 +89,8 @@ impl Scheduler {
             self.wait_for_room(slot);
         }
         if let Some(t) = grant.next_at {
-            self.limiter_wait
+            self.counters
+                .limiter_waits
                 .record((t - now) as f64 / NANOS_PER_SEC as f64);
             wake = Some(wake.map_or(t, |w| w.min(t)));
         }
