@@ -315,10 +315,22 @@ mod tests {
         let mut out = String::new();
         render_waits(&mut out, &h);
         assert!(out.contains("# TYPE limiter_wait_seconds histogram\n"));
-        assert!(out.contains("limiter_wait_seconds_bucket{le=\"0.0005\"} 1\n"), "{out}");
-        assert!(out.contains("limiter_wait_seconds_bucket{le=\"0.025\"} 2\n"), "{out}");
-        assert!(out.contains("limiter_wait_seconds_bucket{le=\"5\"} 2\n"), "{out}");
-        assert!(out.contains("limiter_wait_seconds_bucket{le=\"+Inf\"} 3\n"), "{out}");
+        assert!(
+            out.contains("limiter_wait_seconds_bucket{le=\"0.0005\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("limiter_wait_seconds_bucket{le=\"0.025\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("limiter_wait_seconds_bucket{le=\"5\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("limiter_wait_seconds_bucket{le=\"+Inf\"} 3\n"),
+            "{out}"
+        );
         assert!(out.contains("limiter_wait_seconds_count 3\n"));
         assert!(out.contains("limiter_wait_seconds_sum 9.0202\n"), "{out}");
     }

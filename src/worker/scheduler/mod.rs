@@ -44,18 +44,18 @@ mod jobs;
 mod lanes;
 mod lifecycle;
 mod live;
-mod waits;
 mod messages;
 mod outlet;
 mod registry;
 mod rounds;
+mod waits;
 
 pub use crate::limiter::factory::{LimiterFactory, LocalLimiters};
 pub use driver::{acquire_catching_up, run, TimeBase};
 use jobs::{ActiveJob, RetryItem};
 pub use live::{CampaignLive, SchedulerStats};
-pub use waits::{WaitHistogram, WAIT_BUCKETS};
 pub use messages::{CampaignSettings, Completion, Control, Event, IncomingJob};
+pub use waits::{WaitHistogram, WAIT_BUCKETS};
 
 pub use lanes::{LanePoint, ProviderLive, HISTORY_S};
 
