@@ -131,6 +131,7 @@ impl Scheduler {
         let already_done = already_done.min(total);
         let mut active = ActiveJob {
             job,
+            total,
             campaign: cslot,
             partition,
             offset,
