@@ -92,7 +92,13 @@ impl Loop {
                 s.load.entry(*p).or_default();
             }
             let bytes = s.backlog.parked_bytes();
-            let starving_in = s.backlog.starving_partitions();
+            // Where a campaign starves matters only above ¾ of the byte budget (below it
+            // no partition is held for memory), and finding out walks every campaign.
+            let starving_in = if bytes > max_bytes / 4 * 3 {
+                s.backlog.starving_partitions()
+            } else {
+                Vec::new()
+            };
             for (p, l) in s.load.iter_mut() {
                 let parked = s.backlog.parked_in(*p);
                 let starving = starving_in.contains(p);
