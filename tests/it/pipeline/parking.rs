@@ -247,3 +247,59 @@ async fn a_partition_paused_before_a_rebalance_is_read_again_after_it() {
         "partition 0 was read again after the rebalance: {cs:?}"
     );
 }
+
+/// A rate changed in the store reaches the intake's lookahead. The campaign waits for a
+/// start an hour away, so nothing is sent and no job finishes: at 0.01/s its 1 s
+/// lookahead is one device, so it holds its first job and parks four; at 1,000/s the
+/// lookahead covers all 500 devices, and only the new rate can take the parked ones up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_change_moves_the_intakes_lookahead_before_any_send() {
+    use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch};
+    let mut tw = TestWorker::options()
+        .null_sender()
+        .settings(&[("worker.lookahead_ms", "1000".into())])
+        .prepare()
+        .await;
+    let (pool, topic) = (tw.pool.clone(), tw.topic.clone());
+    let id = unique_name("follow").replace('_', "-");
+    let far = chrono::Utc::now() + chrono::Duration::hours(1);
+    let set = |rate: f64| CampaignPatch {
+        send_rate: Some(rate),
+        start_at: Some(Some(far)),
+        ..Default::default()
+    };
+    let defaults = CampaignDefaults::default();
+    campaigns::put(&pool, &id, &set(0.01), &defaults)
+        .await
+        .unwrap();
+    produce_to_partition(&topic, 0, &id, 1, 0..5, 100).await;
+    tw.start().await;
+    let worker = tw.take_worker();
+    wait_for(
+        "four jobs parked behind the first",
+        GROUP_JOIN_LIMIT,
+        || worker.consumer_stats.borrow().parked_jobs == 4,
+    )
+    .await;
+    campaigns::put(&pool, &id, &set(1000.0), &defaults)
+        .await
+        .unwrap();
+    let held = || {
+        let live = worker.scheduler_stats.borrow().campaigns.clone();
+        let c = live.iter().find(|c| *c.id == *id).cloned();
+        c
+    };
+    wait_for(
+        "every job held at the new rate",
+        Duration::from_secs(10),
+        || {
+            worker.consumer_stats.borrow().parked_jobs == 0
+                && held().is_some_and(|c| c.held_devices == 500)
+        },
+    )
+    .await;
+    let c = held().expect("campaign held");
+    assert_eq!(c.rate, 1000.0);
+    assert_eq!(c.sent, 0, "its start is an hour away");
+    worker.shutdown().await.unwrap();
+}
