@@ -99,11 +99,6 @@ fn describe() {
         "active_campaigns",
         "Campaigns holding a slot in the scheduler"
     );
-    describe_histogram!(
-        "scheduler_wake_lateness_seconds",
-        Unit::Seconds,
-        "How late the scheduler woke for a timed round (a stalled process shows here)"
-    );
     describe_gauge!("buffered_jobs", "Jobs consumed and not yet finished");
     describe_gauge!(
         "buffered_devices",
@@ -219,7 +214,8 @@ pub fn render(
         out.push('\n');
     }
     if let Some((s, _)) = worker {
-        render_waits(&mut out, &s.limiter_waits);
+        render_waits(&mut out, LIMITER_WAITS, &s.limiter_waits);
+        render_waits(&mut out, WAKE_LATENESS, &s.wake_lateness);
     }
     if per_campaign {
         render_sends(&mut out, worker.map(|(s, _)| s));
@@ -227,12 +223,24 @@ pub fn render(
     out
 }
 
-/// Appends `limiter_wait_seconds` from the scheduler's own histogram.
-fn render_waits(out: &mut String, h: &WaitHistogram) {
-    out.push_str("# HELP limiter_wait_seconds How long a campaign's limiter asked it to wait for its next permit\n");
-    out.push_str("# TYPE limiter_wait_seconds histogram\n");
+/// A histogram the scheduler keeps itself: (name, help).
+type Family = (&'static str, &'static str);
+
+const LIMITER_WAITS: Family = (
+    "limiter_wait_seconds",
+    "How long a campaign's limiter asked it to wait for its next permit",
+);
+const WAKE_LATENESS: Family = (
+    "scheduler_wake_lateness_seconds",
+    "How late the scheduler woke for a timed round (a stalled process shows here)",
+);
+
+/// Appends one of the scheduler's own histograms.
+fn render_waits(out: &mut String, (name, help): Family, h: &WaitHistogram) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
     for (bound, n) in h.cumulative() {
-        out.push_str("limiter_wait_seconds_bucket{le=\"");
+        let _ = write!(out, "{name}_bucket{{le=\"");
         match bound {
             Some(b) => {
                 let _ = write!(out, "{b}");
@@ -241,8 +249,8 @@ fn render_waits(out: &mut String, h: &WaitHistogram) {
         }
         let _ = writeln!(out, "\"}} {n}");
     }
-    let _ = writeln!(out, "limiter_wait_seconds_sum {}", h.sum);
-    let _ = writeln!(out, "limiter_wait_seconds_count {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum);
+    let _ = writeln!(out, "{name}_count {}", h.count);
 }
 
 /// Appends the `sends_total` family: one series per held campaign and outcome.
@@ -313,7 +321,7 @@ mod tests {
         h.record(0.02);
         h.record(9.0);
         let mut out = String::new();
-        render_waits(&mut out, &h);
+        render_waits(&mut out, LIMITER_WAITS, &h);
         assert!(out.contains("# TYPE limiter_wait_seconds histogram\n"));
         assert!(
             out.contains("limiter_wait_seconds_bucket{le=\"0.0005\"} 1\n"),

@@ -132,7 +132,7 @@ pub async fn run(
                 None => control_open = false,
             },
             _ = tokio::time::sleep_until(wake_at) => {
-                note_lateness(wake_at, &mut last_late_warning);
+                note_lateness(&mut scheduler, wake_at, &mut last_late_warning);
             }
         }
     }
@@ -162,9 +162,13 @@ fn wake_at(
 }
 
 /// Records how late a timed wake-up came, warning at most once per 10 s.
-fn note_lateness(wake_at: tokio::time::Instant, last_warning: &mut Option<tokio::time::Instant>) {
+fn note_lateness(
+    scheduler: &mut Scheduler,
+    wake_at: tokio::time::Instant,
+    last_warning: &mut Option<tokio::time::Instant>,
+) {
     let late = tokio::time::Instant::now().saturating_duration_since(wake_at);
-    metrics::histogram!("scheduler_wake_lateness_seconds").record(late.as_secs_f64());
+    scheduler.counters.wake_lateness.record(late.as_secs_f64());
     let quiet = last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
     if late >= LATE_WARNING && quiet {
         tracing::warn!(

@@ -20,6 +20,9 @@ pub struct SchedulerStats {
     pub rate_changes: u64,
     /// How long limiters asked campaigns to wait for their next permit.
     pub limiter_waits: WaitHistogram,
+    /// How late timed rounds woke (kept here, not through the metrics facade, for the
+    /// same reason as `limiter_waits`: a few hundred records a second).
+    pub wake_lateness: WaitHistogram,
     /// Devices delivered since the worker started, over all campaigns (unlike the
     /// per-campaign counts, this survives a campaign's release).
     pub delivered: u64,

@@ -421,6 +421,7 @@ impl Scheduler {
             turns: self.counters.turns,
             rate_changes: self.counters.rate_changes,
             limiter_waits: self.counters.limiter_waits.clone(),
+            wake_lateness: self.counters.wake_lateness.clone(),
             delivered: self.counters.delivered,
             skipped_invalid: self.counters.skipped_invalid,
             capped: self.counters.capped,

@@ -197,6 +197,7 @@ async fn metrics_parse_and_count_the_sends_of_a_real_worker() {
         ("retries_total", "counter"),
         ("dead_letters_total", "counter"),
         ("limiter_wait_seconds", "histogram"),
+        ("scheduler_wake_lateness_seconds", "histogram"),
         ("stats_flush_seconds", "histogram"),
         ("active_campaigns", "gauge"),
         ("buffered_jobs", "gauge"),
@@ -243,6 +244,8 @@ async fn metrics_parse_and_count_the_sends_of_a_real_worker() {
     assert_eq!(app.get("/metrics?per_campaign=maybe").await.status, 400);
     assert_eq!(value("retries_total"), 0.0, "the null sender never fails");
     assert!(value("limiter_wait_seconds_count") > 0.0);
+    // A paced campaign's rounds wait for their instants: timed wake-ups were counted.
+    assert!(value("scheduler_wake_lateness_seconds_count") > 0.0);
     assert!(value("stats_flush_seconds_count") > 0.0);
     let buckets: Vec<&Sample> = samples
         .iter()
