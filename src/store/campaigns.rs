@@ -15,7 +15,10 @@ pub use validate::{
     validate_actor, validate_burst, validate_id, validate_limiter_scope, validate_send_rate,
     validate_weight, MAX_ACTOR_CHARS, MAX_BURST, MAX_ID_CHARS, MAX_WEIGHT, MIN_WEIGHT,
 };
-pub use write::{halt, put, put_by, set_status, set_status_by, upsert_from_job};
+pub use write::{
+    halt, put, put_by, set_status, set_status_by, upsert_from_job, upsert_many_from_jobs,
+    JobCampaign, Upserted,
+};
 
 use super::StoreError;
 use crate::limiter::LimiterScope;

@@ -13,10 +13,11 @@
 //! sending a device twice is better than losing it.
 
 use super::scheduler::CampaignSettings;
+use super::settings_loader::SettingsLoader;
 use crate::capping::shared::SharedCap;
 use crate::hygiene::TokenHygiene;
 use crate::job::Job;
-use crate::store::campaigns::{self, CampaignDefaults};
+use crate::store::campaigns::CampaignDefaults;
 use crate::store::{progress, StoreError};
 use sqlx::PgPool;
 use std::sync::atomic::AtomicBool;
@@ -42,6 +43,8 @@ pub struct Lookups {
 pub struct Enricher {
     pub pool: PgPool,
     pub defaults: CampaignDefaults,
+    /// Campaign settings, read in batches.
+    pub loader: SettingsLoader,
     pub hygiene: Option<Arc<TokenHygiene>>,
     pub shared_cap: Option<SharedCap>,
     /// Raised while a lookup fails for a reason that can pass (for one log line).
@@ -52,7 +55,7 @@ impl Enricher {
     /// Runs the job's lookups; `read_settings` when the consumer has none cached.
     pub async fn lookups(self, job: Arc<Job>, read_settings: bool) -> Lookups {
         let settings = if read_settings {
-            self.settings(&job).await
+            self.loader.settings(&job).await
         } else {
             None
         };
@@ -102,21 +105,6 @@ impl Enricher {
             invalid,
             capped,
         }
-    }
-
-    async fn settings(&self, job: &Job) -> Option<CampaignSettings> {
-        let stored = self
-            .retry("campaign lookup", || {
-                campaigns::upsert_from_job(
-                    &self.pool,
-                    &job.campaign_id,
-                    job.send_rate,
-                    job.algorithm,
-                    &self.defaults,
-                )
-            })
-            .await?;
-        Some(super::to_settings(&stored, &self.defaults))
     }
 
     async fn retry<T, F, Fut>(&self, what: &str, f: F) -> Option<T>

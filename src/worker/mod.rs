@@ -27,6 +27,7 @@ mod rebalance;
 pub mod refetch;
 mod retry;
 pub mod scheduler;
+mod settings_loader;
 
 use crate::config::{CappingScope, Settings};
 use crate::limiter::{Clock, MonotonicClock};
@@ -395,12 +396,18 @@ async fn start_enrich_side(
                 .run_until_cancelled_owned(reload_hygiene(h, every)),
         );
     }
+    let db_down: Arc<std::sync::atomic::AtomicBool> = Default::default();
     let enricher = enrich::Enricher {
+        loader: settings_loader::SettingsLoader::spawn(
+            pool.clone(),
+            campaign_defaults(settings),
+            db_down.clone(),
+        ),
         pool,
         defaults: campaign_defaults(settings),
         hygiene,
         shared_cap,
-        db_down: Default::default(),
+        db_down,
     };
     Ok(EnrichSide {
         enricher,

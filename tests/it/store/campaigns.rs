@@ -5,7 +5,9 @@ use super::{at, eventually, fast_config, rate, BASE};
 use crate::helpers::fresh_database;
 use pushpace::limiter::Algorithm;
 use pushpace::stats::{Flusher, Outcome, StatsRecorder};
-use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch, CampaignStatus};
+use pushpace::store::campaigns::{
+    self, CampaignDefaults, CampaignPatch, CampaignStatus, JobCampaign,
+};
 use pushpace::store::{CampaignWatcher, StoreError, WatcherConfig};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -167,6 +169,93 @@ async fn a_job_creates_its_campaign_and_stored_values_win_afterwards() {
         CampaignStatus::Paused
     );
     assert_eq!(campaigns::get(&pool, "nope").await.unwrap(), None);
+}
+
+/// Many first jobs at once (a worker starting on a backlog): one statement set creates
+/// the missing campaigns, keeps the stored ones, and answers a bad id alone.
+#[tokio::test]
+async fn a_batch_of_first_jobs_creates_each_missing_campaign_and_keeps_stored_ones() {
+    let (pool, _) = fresh_database().await;
+    let defaults = CampaignDefaults {
+        send_rate: rate(42.0),
+        algorithm: Algorithm::TokenBucket,
+        burst: 3,
+    };
+    campaigns::upsert_from_job(&pool, "known", Some(rate(5.0)), None, &defaults)
+        .await
+        .unwrap();
+    let job = |id: &str, r: Option<f64>, a: Option<Algorithm>| JobCampaign {
+        id: id.into(),
+        send_rate: r.map(rate),
+        algorithm: a,
+    };
+    let long = "x".repeat(200);
+    let wanted = [
+        job("known", Some(99.0), Some(Algorithm::Gcra)),
+        job("fresh", Some(10.0), Some(Algorithm::Gcra)),
+        job("plain", None, None),
+        job(&long, Some(1.0), None),
+    ];
+    let got = campaigns::upsert_many_from_jobs(&pool, &wanted, &defaults)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 4);
+    let ok = |id: &str| got[id].as_ref().unwrap();
+    assert_eq!(
+        (ok("known").send_rate, ok("known").algorithm),
+        (5.0, Algorithm::TokenBucket)
+    );
+    assert_eq!(
+        (
+            ok("fresh").send_rate,
+            ok("fresh").algorithm,
+            ok("fresh").burst
+        ),
+        (10.0, Algorithm::Gcra, 3)
+    );
+    assert_eq!(
+        (ok("plain").send_rate, ok("plain").algorithm),
+        (42.0, Algorithm::TokenBucket)
+    );
+    let err = got[&long].as_ref().unwrap_err();
+    assert_eq!(err.field(), Some("id"), "{err}");
+    // The rows are the ones answered, and the bad id made none.
+    for id in ["known", "fresh", "plain"] {
+        assert_eq!(&campaigns::get(&pool, id).await.unwrap().unwrap(), ok(id));
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM campaigns")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 3);
+
+    // Overlapping batches at once (two workers' first jobs): one row per campaign, and
+    // every batch sees it.
+    let ids: Vec<String> = (0..50).map(|i| format!("race-{i}")).collect();
+    let tasks: Vec<_> = (0..4)
+        .map(|t| {
+            let (pool, defaults) = (pool.clone(), defaults.clone());
+            let wanted: Vec<JobCampaign> = ids
+                .iter()
+                .map(|id| job(id, Some(100.0 + f64::from(t)), None))
+                .collect();
+            tokio::spawn(async move {
+                campaigns::upsert_many_from_jobs(&pool, &wanted, &defaults)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    for id in &ids {
+        let stored = campaigns::get(&pool, id).await.unwrap().unwrap();
+        for a in &answers {
+            assert_eq!(a[id].as_ref().unwrap(), &stored, "{id}");
+        }
+    }
 }
 
 #[tokio::test]
