@@ -234,7 +234,7 @@ async fn a_batch_of_first_jobs_creates_each_missing_campaign_and_keeps_stored_on
     let ids: Vec<String> = (0..50).map(|i| format!("race-{i}")).collect();
     let tasks: Vec<_> = (0..4)
         .map(|t| {
-            let (pool, defaults) = (pool.clone(), defaults.clone());
+            let (pool, defaults) = (pool.clone(), defaults);
             let wanted: Vec<JobCampaign> = ids
                 .iter()
                 .map(|id| job(id, Some(100.0 + f64::from(t)), None))
