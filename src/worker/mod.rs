@@ -4,7 +4,8 @@
 //! - [`consumer`]: intake, the Kafka consumer-group member (own thread): poll, decode,
 //!   rebalance ([`rebalance`]), offsets ([`offsets`]), pauses, parking ([`backlog`],
 //!   [`refetch`]).
-//! - [`enrich`]: a job's lookups (campaign settings, progress, hygiene, shared cap).
+//! - [`enrich`]: a job's lookups (campaign settings, progress, hygiene, shared cap);
+//!   `settings_loader` answers the campaign lookups waiting together, in batches.
 //! - [`scheduler`]: the 1/N time-slice scheduler and its async driver.
 //! - [`outcomes`]: dead letters, invalid tokens and committed offsets, written by one
 //!   task from a bounded queue.

@@ -20,32 +20,15 @@ pub async fn upsert_from_job(
     algorithm: Option<Algorithm>,
     defaults: &CampaignDefaults,
 ) -> Result<Campaign, StoreError> {
-    validate_id(id)?;
-    // Most jobs belong to a campaign that exists: one read, and no write that would wake
-    // every watcher through the NOTIFY trigger.
-    if let Some(found) = get(pool, id).await? {
-        return Ok(found);
-    }
-    let rate = send_rate.unwrap_or(defaults.send_rate);
-    let algorithm = algorithm.unwrap_or(defaults.algorithm);
-    let burst = validate_burst(i64::from(defaults.burst))?;
-    let inserted: Option<CampaignRow> = sqlx::query_as(&format!(
-        "INSERT INTO campaigns (id, send_rate, algorithm, burst) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (id) DO NOTHING RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(rate.as_f64())
-    .bind(algorithm.as_str())
-    .bind(burst)
-    .fetch_optional(pool)
-    .await?;
-    match inserted {
-        Some(row) => row.try_into(),
-        // Another worker created it between our read and our insert: theirs wins.
-        None => get(pool, id)
-            .await?
-            .ok_or_else(|| StoreError::CampaignNotFound(id.to_string())),
-    }
+    let wanted = [JobCampaign {
+        id: id.to_string(),
+        send_rate,
+        algorithm,
+    }];
+    let mut answers = upsert_many_from_jobs(pool, &wanted, defaults).await?;
+    answers
+        .remove(id)
+        .unwrap_or_else(|| Err(StoreError::CampaignNotFound(id.to_string())))
 }
 
 /// A job's campaign as [`upsert_from_job`] takes it.

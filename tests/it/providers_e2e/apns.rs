@@ -251,7 +251,16 @@ async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
     .await;
     let seen = mock.controls().delivered_tokens();
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(twice.is_empty(), "sent more than once: {twice:?}");
+    // What the transport and the scheduler did, for a failure to be read from.
+    let what = format!(
+        "{} GOAWAYs, {} streams refused, {} connections, {} requests handled; {:?}",
+        server.goaways(),
+        server.refused_streams(),
+        server.connections(),
+        mock.controls().requests(),
+        env.counts(&c1).await
+    );
+    assert!(twice.is_empty(), "sent more than once: {twice:?}; {what}");
     assert!(all_delivered(&mock, &devices, 1), "a device lost");
     // The handler saw each request once: refused streams never reach it.
     assert_eq!(mock.controls().requests(), devices.len() as u64);
