@@ -41,11 +41,20 @@ pub async fn changed_since(
 
 /// The campaigns among `ids` that exist.
 pub async fn get_many(pool: &PgPool, ids: &[String]) -> Result<Vec<Campaign>, StoreError> {
-    let rows: Vec<CampaignRow> = sqlx::query_as(&format!(
+    rows_of(pool, ids)
+        .await?
+        .into_iter()
+        .map(Campaign::try_from)
+        .collect()
+}
+
+/// The stored rows of those of `ids` that exist, unconverted (a caller may answer each
+/// row on its own).
+pub(super) async fn rows_of(pool: &PgPool, ids: &[String]) -> Result<Vec<CampaignRow>, StoreError> {
+    Ok(sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM campaigns WHERE id = ANY($1)"
     ))
     .bind(ids)
     .fetch_all(pool)
-    .await?;
-    rows.into_iter().map(Campaign::try_from).collect()
+    .await?)
 }

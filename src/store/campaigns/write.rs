@@ -62,6 +62,8 @@ pub async fn upsert_many_from_jobs(
             }
         }
     }
+    // Most jobs belong to a campaign that exists: read first, so that they make no write
+    // (which would wake every watcher through the NOTIFY trigger).
     let ids: Vec<String> = valid.iter().map(|w| w.id.clone()).collect();
     read_into(pool, &ids, &mut out).await?;
     let missing: Vec<&JobCampaign> = valid
@@ -114,13 +116,7 @@ async fn read_into(pool: &PgPool, ids: &[String], out: &mut Upserted) -> Result<
     if ids.is_empty() {
         return Ok(());
     }
-    let rows: Vec<CampaignRow> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM campaigns WHERE id = ANY($1)"
-    ))
-    .bind(ids)
-    .fetch_all(pool)
-    .await?;
-    for row in rows {
+    for row in super::read::rows_of(pool, ids).await? {
         let id = row.id.clone();
         out.insert(id, row.try_into());
     }

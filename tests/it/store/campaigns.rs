@@ -195,11 +195,15 @@ async fn a_batch_of_first_jobs_creates_each_missing_campaign_and_keeps_stored_on
         job("fresh", Some(10.0), Some(Algorithm::Gcra)),
         job("plain", None, None),
         job(&long, Some(1.0), None),
+        // What a careless producer sends: none reaches the statement the others share.
+        job("", None, None),
+        job("nul\0id", None, None),
+        job("caf\u{e9}", None, None),
     ];
     let got = campaigns::upsert_many_from_jobs(&pool, &wanted, &defaults)
         .await
         .unwrap();
-    assert_eq!(got.len(), 4);
+    assert_eq!(got.len(), 7);
     let ok = |id: &str| got[id].as_ref().unwrap();
     assert_eq!(
         (ok("known").send_rate, ok("known").algorithm),
@@ -217,9 +221,11 @@ async fn a_batch_of_first_jobs_creates_each_missing_campaign_and_keeps_stored_on
         (ok("plain").send_rate, ok("plain").algorithm),
         (42.0, Algorithm::TokenBucket)
     );
-    let err = got[&long].as_ref().unwrap_err();
-    assert_eq!(err.field(), Some("id"), "{err}");
-    // The rows are the ones answered, and the bad id made none.
+    for bad in [long.as_str(), "", "nul\0id", "caf\u{e9}"] {
+        let err = got[bad].as_ref().unwrap_err();
+        assert_eq!(err.field(), Some("id"), "{bad:?}: {err}");
+    }
+    // The rows are the ones answered, and the bad ids made none.
     for id in ["known", "fresh", "plain"] {
         assert_eq!(&campaigns::get(&pool, id).await.unwrap().unwrap(), ok(id));
     }
