@@ -20,7 +20,10 @@
 //! Everything a send does, resends included, is bounded by the send `timeout`.
 
 mod connection;
+mod counts;
 mod slots;
+
+pub use counts::TransportCounts;
 
 use crate::provider::ceiling::Signal;
 use crate::sender::SendOutcome;
@@ -144,6 +147,7 @@ pub struct H2Pool {
     generations: AtomicU64,
     connect_attempts: AtomicU64,
     pings_answered: AtomicU64,
+    counters: counts::Counters,
     epoch: Instant,
 }
 
@@ -183,6 +187,7 @@ impl H2Pool {
             generations: AtomicU64::new(0),
             connect_attempts: AtomicU64::new(0),
             pings_answered: AtomicU64::new(0),
+            counters: counts::Counters::default(),
             epoch: Instant::now(),
             config,
         }))
@@ -207,6 +212,11 @@ impl H2Pool {
         self.pings_answered.load(Relaxed)
     }
 
+    /// How sends ended below an answer so far: resends, lost, timed out, given up.
+    pub fn transport_counts(&self) -> TransportCounts {
+        self.counters.snapshot()
+    }
+
     /// Sends `request` (its URI may be a path only: scheme and authority are the
     /// endpoint's) with `body`, and reads the answer.
     pub async fn send(
@@ -218,10 +228,13 @@ impl H2Pool {
         match tokio::time::timeout(self.config.timeout, self.send_with_resends(request, body)).await
         {
             Ok(result) => result,
-            Err(_) => Err(TransportError::Timeout {
-                pool: self.config.name.clone(),
-                ms: self.config.timeout.as_millis(),
-            }),
+            Err(_) => {
+                self.counters.timed_out();
+                Err(TransportError::Timeout {
+                    pool: self.config.name.clone(),
+                    ms: self.config.timeout.as_millis(),
+                })
+            }
         }
     }
 
@@ -253,7 +266,10 @@ impl H2Pool {
     ) -> Result<Answer, TransportError> {
         let mut reason = String::new();
         let mut tries = 0;
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 0..MAX_ATTEMPTS {
+            if attempt > 0 {
+                self.counters.resent();
+            }
             let conn = self.connection().await?;
             match conn.exchange(copy_request(&request), body.clone()).await {
                 Ok(answer) => return Ok(answer),
@@ -266,10 +282,11 @@ impl H2Pool {
                     }
                 }
                 Err(Failure::Lost(reason)) => {
+                    self.counters.lost();
                     return Err(TransportError::Lost {
                         pool: self.config.name.clone(),
                         reason,
-                    })
+                    });
                 }
                 Err(Failure::TooLarge) => {
                     return Err(TransportError::BodyTooLarge {
@@ -278,6 +295,7 @@ impl H2Pool {
                 }
             }
         }
+        self.counters.gave_up();
         Err(TransportError::NotProcessed {
             pool: self.config.name.clone(),
             tries,

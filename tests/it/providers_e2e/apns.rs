@@ -3,6 +3,7 @@
 
 use super::{campaign, job, wait_until, Env, DB_WRITE, GROUP_JOIN};
 use pushpace::provider::apns::ApnsSender;
+use pushpace::provider::h2pool::H2Pool;
 use pushpace::provider::settings::{ApnsEnvironment, ApnsSpec, CommonSpec};
 use pushpace::provider::ProviderKind;
 use pushpace::store::campaigns::{set_status, CampaignStatus};
@@ -10,6 +11,7 @@ use pushpace::tools::mock::apns::{ApnsMock, MockApnsConfig};
 use pushpace::tools::mock::tls::TestCa;
 use secrecy::SecretString;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 const TEAM: &str = "TEAM123456";
@@ -18,6 +20,12 @@ const TOPIC: &str = "com.example.app";
 
 /// The worker sending through a fresh APNs mock (its config tuned by `tune`).
 async fn start(tune: impl FnOnce(&mut MockApnsConfig)) -> (ApnsMock, Env) {
+    let (mock, env, _) = start_with_pool(tune).await;
+    (mock, env)
+}
+
+/// [`start`], and the sender's connection pool (its transport counts).
+async fn start_with_pool(tune: impl FnOnce(&mut MockApnsConfig)) -> (ApnsMock, Env, Arc<H2Pool>) {
     let ca = TestCa::new();
     let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
     let mut config = MockApnsConfig::new(TEAM, KEY_ID, &pair.public_key_pem(), TOPIC);
@@ -36,8 +44,9 @@ async fn start(tune: impl FnOnce(&mut MockApnsConfig)) -> (ApnsMock, Env) {
         common: CommonSpec::trusting(ca.ca_pem()),
     };
     let sender = ApnsSender::new(&spec).expect("sender");
+    let pool = Arc::clone(sender.pool());
     let env = Env::start("apns", ProviderKind::Apns, sender).await;
-    (mock, env)
+    (mock, env, pool)
 }
 
 /// `n` 64-hex-digit tokens starting with `prefix` (the mock's error markers; `f…` is no
@@ -235,7 +244,7 @@ const GOAWAY_AFTER: u64 = 100;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
-    let (mock, env) = start(|_| {}).await;
+    let (mock, env, pool) = start_with_pool(|_| {}).await;
     let server = mock.server().controls();
     server.set_goaway_after_streams(Some(GOAWAY_AFTER));
     let devices = tokens("f3", 600);
@@ -252,8 +261,9 @@ async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
     let seen = mock.controls().delivered_tokens();
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
     // What the transport and the scheduler did, for a failure to be read from.
+    let transport = pool.transport_counts();
     let what = format!(
-        "{} GOAWAYs, {} streams refused, {} connections, {} requests handled; {:?}",
+        "{} GOAWAYs, {} streams refused, {} connections, {} requests handled; {:?}; {transport:?}",
         server.goaways(),
         server.refused_streams(),
         server.connections(),
@@ -261,6 +271,10 @@ async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
         env.counts(&c1).await
     );
     assert!(twice.is_empty(), "sent more than once: {twice:?}; {what}");
+    // Every stream the server did not answer was one it said it never processed: no
+    // send had to be sent again on a guess.
+    assert_eq!((transport.lost, transport.timed_out), (0, 0), "{what}");
+    assert!(transport.resent > 0, "nothing was resent: {what}");
     assert!(all_delivered(&mock, &devices, 1), "a device lost");
     // The handler saw each request once: refused streams never reach it.
     assert_eq!(mock.controls().requests(), devices.len() as u64);
@@ -271,7 +285,7 @@ async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
         "no stream was refused: the resend path was not used"
     );
     let c = env.counts(&c1).await;
-    eprintln!("{goaways} GOAWAYs, {refused} streams refused; {c:?}");
+    eprintln!("{goaways} GOAWAYs, {refused} streams refused; {c:?}; {transport:?}");
     assert_eq!(c.sent, devices.len() as i64, "{c:?}");
     // `retried` may count sends the transport gave up resending after 4 refusals (the
     // scheduler sent them again); none failed, none was processed twice.
