@@ -216,6 +216,7 @@ pub fn render(
     if let Some((s, _)) = worker {
         render_waits(&mut out, LIMITER_WAITS, &s.limiter_waits);
         render_waits(&mut out, WAKE_LATENESS, &s.wake_lateness);
+        render_round_seconds(&mut out, s.round_nanos);
     }
     if per_campaign {
         render_sends(&mut out, worker.map(|(s, _)| s));
@@ -234,6 +235,18 @@ const WAKE_LATENESS: Family = (
     "scheduler_wake_lateness_seconds",
     "How late the scheduler woke for a timed round (a stalled process shows here)",
 );
+
+/// Appends the scheduler's time in rounds, in seconds (the recorder's counters hold
+/// integers only).
+fn render_round_seconds(out: &mut String, nanos: u64) {
+    let name = "scheduler_round_seconds_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time the scheduler spent in its rounds since the worker started"
+    );
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let _ = writeln!(out, "{name} {}", nanos as f64 / 1e9);
+}
 
 /// Appends one of the scheduler's own histograms.
 fn render_waits(out: &mut String, (name, help): Family, h: &WaitHistogram) {

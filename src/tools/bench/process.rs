@@ -28,6 +28,7 @@ pub(super) struct Sample {
     pub(super) paused_partitions: f64,
     pub(super) rounds: f64,
     pub(super) turns: f64,
+    pub(super) round_s: f64,
 }
 
 /// How often `time_until` scrapes the worker before the last 5% of its sends.
@@ -75,6 +76,8 @@ impl WorkerProcess {
                 s.rounds = metric_value(line);
             } else if line.starts_with("scheduler_turns_total ") {
                 s.turns = metric_value(line);
+            } else if line.starts_with("scheduler_round_seconds_total ") {
+                s.round_s = metric_value(line);
             }
         }
         Ok(s)
@@ -93,7 +96,7 @@ impl WorkerProcess {
         // The send curve, for telling a slow start or tail from a slow middle.
         let started = Instant::now();
         let mut curve = String::from(
-            "seconds,sends,cpu_seconds,buffered_devices,parked_jobs,paused_partitions,rounds,turns\n",
+            "seconds,sends,cpu_seconds,buffered_devices,parked_jobs,paused_partitions,rounds,turns,round_seconds\n",
         );
         let bar = progress_bar(total, phase);
         while Instant::now() < deadline {
@@ -109,14 +112,15 @@ impl WorkerProcess {
                 if let Some(at) = s.at {
                     let t = (at - started).as_secs_f64();
                     curve.push_str(&format!(
-                        "{t:.3},{},{:.3},{},{},{},{},{}\n",
+                        "{t:.3},{},{:.3},{},{},{},{},{},{:.4}\n",
                         s.sends,
                         s.cpu_s,
                         s.buffered_devices,
                         s.parked,
                         s.paused_partitions,
                         s.rounds,
-                        s.turns
+                        s.turns,
+                        s.round_s
                     ));
                 }
                 if s.sends > 0 && first.is_none() {

@@ -93,6 +93,7 @@ pub async fn run(
         let sec = unix_now();
         scheduler.set_wall(now, unix_ms() as i64);
         let wake = scheduler.run_round(now, sec);
+        scheduler.counters.round_nanos += time.now().saturating_sub(now);
         let marker = scheduler.change_marker();
         if published.elapsed() >= STATS_EVERY {
             let _ = stats_out.send(scheduler.stats());

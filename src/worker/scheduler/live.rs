@@ -15,6 +15,9 @@ pub struct SchedulerStats {
     pub rounds: u64,
     /// Campaign turns run since the worker started (a round holds one per campaign due).
     pub turns: u64,
+    /// Time spent in rounds since the worker started, by the scheduler's clock: its
+    /// own cost, apart from the intake and the runtime around it.
+    pub round_nanos: u64,
     /// Campaigns registered and settings applied since the worker started: a campaign's
     /// rate in `campaigns` can have changed only when this did.
     pub rate_changes: u64,

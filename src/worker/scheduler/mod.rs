@@ -419,6 +419,7 @@ impl Scheduler {
             sends: self.counters.sends,
             rounds: self.counters.rounds,
             turns: self.counters.turns,
+            round_nanos: self.counters.round_nanos,
             rate_changes: self.counters.rate_changes,
             limiter_waits: self.counters.limiter_waits.clone(),
             wake_lateness: self.counters.wake_lateness.clone(),
