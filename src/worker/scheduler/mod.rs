@@ -476,7 +476,7 @@ mod pacing_tests;
 mod room_tests;
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::limiter::Algorithm;
     use crate::sender::{AnySender, NullSender};
@@ -503,11 +503,16 @@ mod tests {
 
     /// One campaign at 1,000/s with more devices than it can send in the test.
     fn with_campaign() -> Scheduler {
+        with_campaign_at(1_000.0)
+    }
+
+    /// One campaign "c" at `rate` with 10,000 devices.
+    pub(super) fn with_campaign_at(rate: f64) -> Scheduler {
         let mut s = scheduler();
         let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
         let devices = (0..10_000).map(|d| format!("dev-{d}")).collect();
         let job = Job::new("j", "c", devices, payload).unwrap();
-        let rate = Rate::per_second(1_000.0).unwrap();
+        let rate = Rate::per_second(rate).unwrap();
         let settings = CampaignSettings::active("c", rate, Algorithm::Gcra);
         s.add_job(IncomingJob::fresh(job, 0, 0, settings), 0);
         s
