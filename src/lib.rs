@@ -27,6 +27,7 @@
 //! - [`api`]: the operator HTTP API and the live dashboard (axum).
 //! - [`metrics`]: the Prometheus recorder, the snapshot sampler and `sends_total`.
 //! - [`startup`]: builds and runs the HTTP application on `http.bind`.
+//! - [`prefetch`]: cache hints for loops that know what they will touch next.
 //!
 //! Tooling, which the worker never calls: [`tools`] (the sink, the provider mocks, the
 //! load generator, the demo, the simulator, the benchmark harness and the CLI's API
@@ -41,6 +42,7 @@ pub mod hygiene;
 pub mod job;
 pub mod limiter;
 pub mod metrics;
+pub mod prefetch;
 pub mod provider;
 pub mod redis_link;
 pub mod sender;

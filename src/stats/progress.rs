@@ -231,6 +231,19 @@ impl JobProgressHandle {
     /// first time, one `fetch_add`. An index past the job's end is ignored. The device's
     /// counts must be recorded before, so that a flush that writes it writes them too.
     #[inline]
+    /// Brings in the shared cell a [`Self::mark`] touches (a cache hint).
+    pub fn prefetch(&self) {
+        crate::prefetch::line(Arc::as_ptr(&self.cell));
+    }
+
+    /// Brings in the bitmap word a [`Self::mark`] of `device` touches; reads the cell,
+    /// so best after [`Self::prefetch`] had time to bring it in.
+    pub fn prefetch_word(&self, device: u32) {
+        if let Some(word) = self.cell.bits.get((device / 64) as usize) {
+            crate::prefetch::line(word);
+        }
+    }
+
     pub fn mark(&self, device: u32) {
         if device >= self.cell.total {
             return;

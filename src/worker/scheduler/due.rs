@@ -139,6 +139,7 @@ impl Scheduler {
         // Taken so that turns may mark campaigns ready for the next round; the buffer
         // comes back, so a round allocates nothing.
         let mut ready = std::mem::take(&mut self.ready);
+        self.prefetch_turns(&ready, unix_sec);
         let m = ready.len();
         let start = if m == 0 { 0 } else { self.rotate % m };
         self.rotate = self.rotate.wrapping_add(1);

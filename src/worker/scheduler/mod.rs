@@ -46,6 +46,7 @@ mod lifecycle;
 mod live;
 mod messages;
 mod outlet;
+mod prefetch;
 mod registry;
 mod rounds;
 mod waits;
