@@ -21,6 +21,12 @@ use super::*;
 /// twice this much delay, and the net costs O(active) reads once a second, not per round.
 pub(super) const VISIT_ALL_EVERY: Duration = Duration::from_secs(1);
 
+/// Turns whose state is hinted at once, just before they run. About 12 cache lines a
+/// turn: 32 turns' are 24 KiB, within any x86_64 L1 data cache, so none is evicted
+/// before its turn; hinting a whole round of thousands (100,000 registered) evicted
+/// the first before they ran and made rounds slower.
+const PREFETCH_BATCH: usize = 32;
+
 impl Scheduler {
     /// The campaign has something new (a job, an answer, a setting): visit it next round.
     pub(super) fn mark_ready(&mut self, slot: u32) {
@@ -139,11 +145,18 @@ impl Scheduler {
         // Taken so that turns may mark campaigns ready for the next round; the buffer
         // comes back, so a round allocates nothing.
         let mut ready = std::mem::take(&mut self.ready);
-        self.prefetch_turns(&ready, unix_sec);
         let m = ready.len();
         let start = if m == 0 { 0 } else { self.rotate % m };
         self.rotate = self.rotate.wrapping_add(1);
+        let mut batch = [0u32; PREFETCH_BATCH];
         for k in 0..m {
+            if k % PREFETCH_BATCH == 0 {
+                let n = PREFETCH_BATCH.min(m - k);
+                for (j, b) in batch[..n].iter_mut().enumerate() {
+                    *b = ready[(start + k + j) % m];
+                }
+                self.prefetch_turns(&batch[..n], unix_sec);
+            }
             let slot = ready[(start + k) % m];
             let Some(c) = self.campaigns[slot as usize].as_mut() else {
                 continue;
