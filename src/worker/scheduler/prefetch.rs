@@ -4,7 +4,9 @@
 //! campaign's counter), each a miss waiting on the one before. Knowing the round's
 //! campaigns up front, the scheduler asks for each link of every chain in passes, one
 //! link per pass, so that the misses of all campaigns overlap instead of queueing one
-//! after another inside the turns (docs/BENCHMARKS.md has the figures).
+//! after another inside the turns. The round does this for a batch of turns just before
+//! they run (`PREFETCH_BATCH` in due.rs), so that the lines are still cached when used
+//! (docs/BENCHMARKS.md has the figures).
 
 use super::*;
 use crate::prefetch;
