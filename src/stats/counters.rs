@@ -148,15 +148,15 @@ impl std::fmt::Debug for CampaignCounter {
 }
 
 impl CampaignCounter {
-    /// Adds `n` devices with `outcome` to the second `second` (Unix seconds). Lock-free and
-    /// allocation-free in normal running; see the module docs for the rare slow path.
-    #[inline]
     /// Brings in the words a [`Self::record`] at `second` touches (a cache hint).
     pub fn prefetch(&self, second: u64) {
         crate::prefetch::line(&self.cells.ring[(second & RING_MASK) as usize]);
         crate::prefetch::line(&self.cells.dirty);
     }
 
+    /// Adds `n` devices with `outcome` to the second `second` (Unix seconds). Lock-free and
+    /// allocation-free in normal running; see the module docs for the rare slow path.
+    #[inline]
     pub fn record(&self, second: u64, outcome: Outcome, n: u32) {
         if n == 0 {
             return;

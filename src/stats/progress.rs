@@ -227,10 +227,6 @@ impl JobProgressHandle {
             .fetch_max(devices_done.min(self.cell.total), Ordering::AcqRel);
     }
 
-    /// Marks device `device` (its index in the job) finished: one `fetch_or` and, the
-    /// first time, one `fetch_add`. An index past the job's end is ignored. The device's
-    /// counts must be recorded before, so that a flush that writes it writes them too.
-    #[inline]
     /// Brings in the shared cell a [`Self::mark`] touches (a cache hint).
     pub fn prefetch(&self) {
         crate::prefetch::line(Arc::as_ptr(&self.cell));
@@ -244,6 +240,10 @@ impl JobProgressHandle {
         }
     }
 
+    /// Marks device `device` (its index in the job) finished: one `fetch_or` and, the
+    /// first time, one `fetch_add`. An index past the job's end is ignored. The device's
+    /// counts must be recorded before, so that a flush that writes it writes them too.
+    #[inline]
     pub fn mark(&self, device: u32) {
         if device >= self.cell.total {
             return;

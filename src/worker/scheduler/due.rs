@@ -76,14 +76,11 @@ impl Scheduler {
     /// Visiting all of them cost a turn per active campaign a second, most of the net's
     /// cost at 1,000 campaigns.
     fn may_have_missed(&self, slot: u32, now: Nanos, every: Nanos) -> bool {
-        self.campaigns
-            .get(slot as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|c| {
-                c.has_work()
-                    && c.next_at
-                        .is_none_or(|t| t <= now || t > now.saturating_add(every))
-            })
+        self.campaign_ref(slot).is_some_and(|c| {
+            c.has_work()
+                && c.next_at
+                    .is_none_or(|t| t <= now || t > now.saturating_add(every))
+        })
     }
 
     fn visit_all_every(&self) -> Nanos {

@@ -52,7 +52,7 @@ impl Scheduler {
         }
     }
 
-    fn campaign_ref(&self, slot: u32) -> Option<&Campaign> {
+    pub(super) fn campaign_ref(&self, slot: u32) -> Option<&Campaign> {
         self.campaigns.get(slot as usize).and_then(Option::as_ref)
     }
 
