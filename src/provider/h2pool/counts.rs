@@ -1,6 +1,7 @@
 //! How the pool's sends ended below the answer: the figures that tell a resend the
 //! server never processed from a send that may have arrived twice.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Counts kept by the pool (one relaxed add each, only off the answered path).
@@ -10,6 +11,9 @@ pub(super) struct Counters {
     lost: AtomicU64,
     timed_out: AtomicU64,
     gave_up: AtomicU64,
+    /// Why the first lost send was lost (a lost send is rare: the lock is off the
+    /// answered path), for a failure to say what the connection did.
+    first_lost: Mutex<Option<String>>,
 }
 
 /// A snapshot of [`Counters`].
@@ -33,8 +37,15 @@ impl Counters {
         self.resent.fetch_add(1, Relaxed);
     }
 
-    pub(super) fn lost(&self) {
+    pub(super) fn lost(&self, reason: &str) {
         self.lost.fetch_add(1, Relaxed);
+        self.first_lost
+            .lock()
+            .get_or_insert_with(|| reason.to_string());
+    }
+
+    pub(super) fn first_lost(&self) -> Option<String> {
+        self.first_lost.lock().clone()
     }
 
     pub(super) fn timed_out(&self) {

@@ -217,6 +217,11 @@ impl H2Pool {
         self.counters.snapshot()
     }
 
+    /// Why the first lost send (see [`TransportCounts::lost`]) was lost, if one was.
+    pub fn first_lost_reason(&self) -> Option<String> {
+        self.counters.first_lost()
+    }
+
     /// Sends `request` (its URI may be a path only: scheme and authority are the
     /// endpoint's) with `body`, and reads the answer.
     pub async fn send(
@@ -282,7 +287,7 @@ impl H2Pool {
                     }
                 }
                 Err(Failure::Lost(reason)) => {
-                    self.counters.lost();
+                    self.counters.lost(&reason);
                     return Err(TransportError::Lost {
                         pool: self.config.name.clone(),
                         reason,
