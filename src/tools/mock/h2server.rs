@@ -82,6 +82,8 @@ pub struct Controls {
     stalled: AtomicBool,
     hang_up: AtomicBool,
     stall_changed: tokio::sync::Notify,
+    /// The first error a connection ended on (its in-flight answers are lost with it).
+    first_error: Mutex<Option<String>>,
 }
 
 impl Controls {
@@ -104,6 +106,10 @@ impl Controls {
     /// GOAWAYs started.
     pub fn goaways(&self) -> u64 {
         self.goaways.load(SeqCst)
+    }
+    /// The first error a connection ended on, if one did.
+    pub fn first_connection_error(&self) -> Option<String> {
+        self.first_error.lock().clone()
     }
     /// The most streams in the handler at once on one connection.
     pub fn max_concurrent_seen(&self) -> u64 {
@@ -300,8 +306,16 @@ async fn serve_connection<H: Handler>(tcp: TcpStream, shared: Arc<Shared<H>>) {
                 continue;
             }
         };
-        let Some(Ok((request, mut respond))) = next else {
-            break;
+        let (request, mut respond) = match next {
+            Some(Ok(stream)) => stream,
+            Some(Err(e)) => {
+                controls
+                    .first_error
+                    .lock()
+                    .get_or_insert_with(|| format!("connection {connection}: {e}"));
+                break;
+            }
+            None => break,
         };
         if controls.hang_up.load(SeqCst) {
             conn.abrupt_shutdown(h2::Reason::NO_ERROR);

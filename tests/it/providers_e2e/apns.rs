@@ -263,13 +263,14 @@ async fn goaway_mid_campaign_loses_nothing_and_sends_nothing_twice() {
     // What the transport and the scheduler did, for a failure to be read from.
     let transport = pool.transport_counts();
     let what = format!(
-        "{} GOAWAYs, {} streams refused, {} connections, {} requests handled; {:?}; {transport:?}; first lost: {:?}",
+        "{} GOAWAYs, {} streams refused, {} connections, {} requests handled; {:?}; {transport:?}; first lost: {:?}; server's first connection error: {:?}",
         server.goaways(),
         server.refused_streams(),
         server.connections(),
         mock.controls().requests(),
         env.counts(&c1).await,
-        pool.first_lost_reason()
+        pool.first_lost_reason(),
+        server.first_connection_error()
     );
     assert!(twice.is_empty(), "sent more than once: {twice:?}; {what}");
     // Every stream the server did not answer was one it said it never processed: no
