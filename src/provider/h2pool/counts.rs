@@ -4,7 +4,8 @@
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Counts kept by the pool (one relaxed add each, only off the answered path).
+/// Counts kept by the pool (one relaxed add each, and a lock for the first lost reason;
+/// all off the answered path).
 #[derive(Debug, Default)]
 pub(super) struct Counters {
     resent: AtomicU64,
