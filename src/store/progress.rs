@@ -105,6 +105,40 @@ pub async fn lookup(
     row.map(decode).transpose()
 }
 
+/// The stored progress of each of the distinct `(campaign_id, job_id)` in `keys`, in one
+/// statement:
+/// `None` where none was flushed, an error where the stored row is unreadable.
+pub async fn lookup_many(
+    db: impl sqlx::PgExecutor<'_>,
+    keys: &[(&str, &str)],
+) -> Result<Vec<Result<Option<JobProgress>, StoreError>>, StoreError> {
+    let campaigns: Vec<&str> = keys.iter().map(|k| k.0).collect();
+    let jobs: Vec<&str> = keys.iter().map(|k| k.1).collect();
+    let rows: Vec<ProgressRow> = sqlx::query_as(
+        "SELECT p.job_id, p.campaign_id, p.partition, p.kafka_offset, p.devices_total, \
+                p.devices_done, p.done_after::text AS done_after, p.completed_at, p.updated_at \
+         FROM UNNEST($1::text[], $2::text[]) AS w(campaign_id, job_id) \
+         JOIN job_progress p ON p.campaign_id = w.campaign_id AND p.job_id = w.job_id",
+    )
+    .bind(&campaigns)
+    .bind(&jobs)
+    .fetch_all(db)
+    .await?;
+    let mut found: std::collections::HashMap<(String, String), ProgressRow> = rows
+        .into_iter()
+        .map(|r| ((r.campaign_id.clone(), r.job_id.clone()), r))
+        .collect();
+    Ok(keys
+        .iter()
+        .map(|(c, j)| {
+            found
+                .remove(&((*c).to_string(), (*j).to_string()))
+                .map(decode)
+                .transpose()
+        })
+        .collect())
+}
+
 fn decode(r: ProgressRow) -> Result<JobProgress, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         table: "job_progress",

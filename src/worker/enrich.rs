@@ -12,14 +12,13 @@
 //! wait. A failure that cannot pass is logged and the job goes on without that lookup:
 //! sending a device twice is better than losing it.
 
+use super::progress_loader::ProgressLoader;
 use super::scheduler::CampaignSettings;
 use super::settings_loader::SettingsLoader;
 use crate::capping::shared::SharedCap;
 use crate::hygiene::TokenHygiene;
 use crate::job::Job;
 use crate::store::campaigns::CampaignDefaults;
-use crate::store::{progress, StoreError};
-use sqlx::PgPool;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -41,10 +40,11 @@ pub struct Lookups {
 /// What the lookups share.
 #[derive(Clone)]
 pub struct Enricher {
-    pub pool: PgPool,
     pub defaults: CampaignDefaults,
     /// Campaign settings, read in batches.
     pub loader: SettingsLoader,
+    /// Job progress, read in batches.
+    pub progress: ProgressLoader,
     pub hygiene: Option<Arc<TokenHygiene>>,
     pub shared_cap: Option<SharedCap>,
     /// Raised while a lookup fails for a reason that can pass (for one log line).
@@ -60,9 +60,8 @@ impl Enricher {
             None
         };
         let found = self
-            .retry("progress lookup", || {
-                progress::lookup(&self.pool, &job.campaign_id, &job.job_id)
-            })
+            .progress
+            .progress(&job.campaign_id, &job.job_id)
             .await
             .flatten();
         let (already_done, done_after) = match found {
@@ -105,14 +104,6 @@ impl Enricher {
             invalid,
             capped,
         }
-    }
-
-    async fn retry<T, F, Fut>(&self, what: &str, f: F) -> Option<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>>,
-    {
-        self.retry_with(what, StoreError::is_transient, f).await
     }
 
     /// Runs `f` until it succeeds (Some) or fails for good (None, logged).

@@ -5,7 +5,8 @@
 //!   rebalance ([`rebalance`]), offsets ([`offsets`]), pauses, parking ([`backlog`],
 //!   [`refetch`]).
 //! - [`enrich`]: a job's lookups (campaign settings, progress, hygiene, shared cap);
-//!   `settings_loader` answers the campaign lookups waiting together, in batches.
+//!   `settings_loader` and `progress_loader` answer the lookups waiting together, in
+//!   batches (`batch`).
 //! - [`scheduler`]: the 1/N time-slice scheduler and its async driver.
 //! - [`outcomes`]: dead letters, invalid tokens and committed offsets, written by one
 //!   task from a bounded queue.
@@ -18,11 +19,13 @@
 //! campaign watcher stops.
 
 pub mod backlog;
+mod batch;
 pub mod consumer;
 pub mod enrich;
 pub mod message;
 pub mod offsets;
 pub mod outcomes;
+pub mod progress_loader;
 mod publish;
 mod rebalance;
 pub mod refetch;
@@ -404,7 +407,7 @@ async fn start_enrich_side(
             campaign_defaults(settings),
             db_down.clone(),
         ),
-        pool,
+        progress: progress_loader::ProgressLoader::spawn(&pool, db_down.clone()),
         defaults: campaign_defaults(settings),
         hygiene,
         shared_cap,

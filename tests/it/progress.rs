@@ -8,6 +8,7 @@ use pushpace::limiter::{Algorithm, Rate};
 use pushpace::sender::{AnySender, NullSender};
 use pushpace::stats::{Flusher, FlusherConfig, JobKey, JobProgressHandle, StatsRecorder};
 use pushpace::store::{self, offsets, progress, JobProgress};
+use pushpace::worker::progress_loader::ProgressLoader;
 use pushpace::worker::scheduler::{
     CampaignSettings, Event, IncomingJob, Scheduler, SchedulerConfig,
 };
@@ -308,4 +309,50 @@ async fn the_scheduler_sends_only_the_devices_not_finished_before() {
     flusher.flush_now().await.unwrap();
     assert!(finished.is_durably_complete());
     assert!(stored(&pool, "resume", "job").await.is_complete());
+}
+
+/// The enrich stage's loader: lookups asked together are answered each with its own
+/// job's progress (or none), and a connection the server ends is replaced.
+#[tokio::test]
+async fn the_progress_loader_answers_lookups_together_and_outlives_its_connection() {
+    let (pool, _) = fresh_database().await;
+    let recorder = StatsRecorder::new();
+    let flusher = Flusher::new(recorder.clone(), pool.clone(), FlusherConfig::default());
+    let handles: Vec<_> = (1..=20u32)
+        .map(|j| {
+            let h = recorder.track_job(key("loaded", &format!("job-{j}"), 10));
+            finish(&h, 0..j.min(10), j.min(10));
+            h
+        })
+        .collect();
+    flusher.flush_now().await.unwrap();
+    let loader = ProgressLoader::spawn(&pool, Default::default());
+    // Jobs 21..=40 have no progress; every job is asked twice, all at once.
+    let asks = (1..=40u32).chain(1..=40).map(|j| {
+        let loader = loader.clone();
+        async move { (j, loader.progress("loaded", &format!("job-{j}")).await) }
+    });
+    for (j, got) in futures::future::join_all(asks).await {
+        let got = got.expect("a lookup that can be answered is answered");
+        match got {
+            Some(p) => assert_eq!((j, p.devices_done), (j, j.min(10))),
+            None => assert!(j > 20, "job-{j} has progress stored"),
+        }
+    }
+    // The server ends every other session on this database, the loader's among them.
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) AS t",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(ended >= 1, "the loader's connection was open");
+    let again = tokio::time::timeout(Duration::from_secs(10), loader.progress("loaded", "job-5"))
+        .await
+        .expect("answered within 10 s")
+        .expect("answered")
+        .expect("stored");
+    assert_eq!(again.devices_done, 5);
+    drop(handles);
 }
