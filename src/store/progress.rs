@@ -93,16 +93,8 @@ pub async fn lookup(
     campaign_id: &str,
     job_id: &str,
 ) -> Result<Option<JobProgress>, StoreError> {
-    let row: Option<ProgressRow> = sqlx::query_as(
-        "SELECT job_id, campaign_id, partition, kafka_offset, devices_total, devices_done, \
-                done_after::text AS done_after, completed_at, updated_at \
-         FROM job_progress WHERE campaign_id = $1 AND job_id = $2",
-    )
-    .bind(campaign_id)
-    .bind(job_id)
-    .fetch_optional(pool)
-    .await?;
-    row.map(decode).transpose()
+    let mut found = lookup_many(pool, &[(campaign_id, job_id)]).await?;
+    found.pop().unwrap_or(Ok(None))
 }
 
 /// The stored progress of each of the distinct `(campaign_id, job_id)` in `keys`, in one
