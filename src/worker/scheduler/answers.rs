@@ -453,6 +453,7 @@ impl Scheduler {
             was_paused: c.settings.paused,
         });
         c.next_at = None;
+        self.counters.live_changes += 1;
         self.halts_total.increment(1);
         let record = Record::Halt {
             campaign_id: c.settings.id.clone(),

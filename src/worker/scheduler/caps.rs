@@ -151,6 +151,7 @@ impl Scheduler {
             c.limiter.set_rate(target, now);
             c.effective_rate = target;
             c.next_at = None;
+            self.counters.live_changes += 1;
             self.mark_ready(slot);
         }
     }

@@ -63,10 +63,16 @@ impl TimeBase {
     }
 }
 
-/// How often the driver publishes [`SchedulerStats`].
-// Often enough for the bench harness to time a 4 s run to a few percent; a snapshot
-// clones at most 100 campaigns' counters.
+/// How often the driver publishes [`SchedulerStats`]: often enough for the bench
+/// harness to time a 4 s run to a few percent.
 const STATS_EVERY: Duration = Duration::from_millis(100);
+
+/// How often the per-campaign list in it is rebuilt while only counts changed. It reads
+/// every held campaign and job (at 1,000 campaigns, 2% of the worker's CPU ten times a
+/// second); the API publishes its figures once a second anyway. A registration, a
+/// settings change, an activation, a release, a new effective rate or a halt rebuilds
+/// it at the next publish.
+const CAMPAIGNS_EVERY: Duration = Duration::from_millis(500);
 
 /// A timed wake-up this late costs every campaign about 5% of a second's sends: worth a
 /// warning (at most one per 10 s), since only the process or the machine can cause it.
@@ -88,6 +94,7 @@ pub async fn run(
     let mut published = tokio::time::Instant::now();
     let mut published_marker = scheduler.change_marker();
     let mut last_late_warning: Option<tokio::time::Instant> = None;
+    let mut listed = (published, scheduler.shape_marker());
     loop {
         let now = time.now();
         let sec = unix_now();
@@ -96,7 +103,13 @@ pub async fn run(
         scheduler.counters.round_nanos += time.now().saturating_sub(now);
         let marker = scheduler.change_marker();
         if published.elapsed() >= STATS_EVERY {
-            let _ = stats_out.send(scheduler.stats());
+            let shape = scheduler.shape_marker();
+            let reuse = (listed.0.elapsed() < CAMPAIGNS_EVERY && listed.1 == shape)
+                .then(|| stats_out.borrow().campaigns.clone());
+            if reuse.is_none() {
+                listed = (tokio::time::Instant::now(), shape);
+            }
+            let _ = stats_out.send(scheduler.stats_with(reuse));
             published = tokio::time::Instant::now();
             published_marker = marker;
         }

@@ -21,6 +21,10 @@ pub struct SchedulerStats {
     /// Campaigns registered and settings applied since the worker started: a campaign's
     /// rate in `campaigns` can have changed only when this did.
     pub rate_changes: u64,
+    /// Changes to a held campaign's figures other than its counts (activation, release,
+    /// a new effective rate, a halt or its end); with `rate_changes`, what makes the
+    /// driver rebuild `campaigns` at once rather than on its period.
+    pub live_changes: u64,
     /// How long limiters asked campaigns to wait for their next permit.
     pub limiter_waits: WaitHistogram,
     /// How late timed rounds woke (kept here, not through the metrics facade, for the

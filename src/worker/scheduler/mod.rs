@@ -374,14 +374,49 @@ impl Scheduler {
 
     /// A snapshot, with every campaign (allocates: call it a few times a second at most).
     pub fn stats(&self) -> SchedulerStats {
+        self.stats_with(None)
+    }
+
+    /// The snapshot, reusing `campaigns` when given: its counts are then as old as it
+    /// is. Building the list reads every held campaign and job, cold at 1,000
+    /// campaigns; the scalar counts cost nothing.
+    pub fn stats_with(&self, campaigns: Option<Arc<Vec<CampaignLive>>>) -> SchedulerStats {
+        let campaigns = campaigns.unwrap_or_else(|| Arc::new(self.campaigns_live()));
+        SchedulerStats {
+            active_campaigns: self.active.len(),
+            waiting_campaigns: self.waiting.len(),
+            in_flight: self.in_flight,
+            open_jobs: self.jobs.len() - self.free_jobs.len(),
+            max_active_seen: self.counters.max_active_seen,
+            sends: self.counters.sends,
+            rounds: self.counters.rounds,
+            turns: self.counters.turns,
+            round_nanos: self.counters.round_nanos,
+            rate_changes: self.counters.rate_changes,
+            live_changes: self.counters.live_changes,
+            limiter_waits: self.counters.limiter_waits.clone(),
+            wake_lateness: self.counters.wake_lateness.clone(),
+            delivered: self.counters.delivered,
+            skipped_invalid: self.counters.skipped_invalid,
+            capped: self.counters.capped,
+            campaigns,
+            providers: Arc::new(self.lanes_live(self.now_hint, unix_ms())),
+        }
+    }
+
+    /// Changes whenever a held campaign's figures other than its counts may have.
+    pub fn shape_marker(&self) -> (u64, u64) {
+        (self.counters.rate_changes, self.counters.live_changes)
+    }
+
+    fn campaigns_live(&self) -> Vec<CampaignLive> {
         let mut held = vec![0u64; self.campaigns.len()];
         for j in self.jobs.iter().flatten() {
             if let Some(h) = held.get_mut(j.campaign as usize) {
                 *h += u64::from(j.total() - j.done_count);
             }
         }
-        let campaigns = self
-            .campaigns
+        self.campaigns
             .iter()
             .enumerate()
             .filter_map(|(slot, c)| c.as_ref().map(|c| (held[slot], c)))
@@ -410,26 +445,7 @@ impl Scheduler {
                 total_devices: c.total_devices,
                 waiting_start: c.waiting_start,
             })
-            .collect();
-        SchedulerStats {
-            active_campaigns: self.active.len(),
-            waiting_campaigns: self.waiting.len(),
-            in_flight: self.in_flight,
-            open_jobs: self.jobs.len() - self.free_jobs.len(),
-            max_active_seen: self.counters.max_active_seen,
-            sends: self.counters.sends,
-            rounds: self.counters.rounds,
-            turns: self.counters.turns,
-            round_nanos: self.counters.round_nanos,
-            rate_changes: self.counters.rate_changes,
-            limiter_waits: self.counters.limiter_waits.clone(),
-            wake_lateness: self.counters.wake_lateness.clone(),
-            delivered: self.counters.delivered,
-            skipped_invalid: self.counters.skipped_invalid,
-            capped: self.counters.capped,
-            campaigns: Arc::new(campaigns),
-            providers: Arc::new(self.lanes_live(self.now_hint, unix_ms())),
-        }
+            .collect()
     }
 
     /// Changes whenever a published count would: cheap to compare, unlike [`Self::stats`].

@@ -271,6 +271,7 @@ impl Scheduler {
             .expect("campaign slot");
         c.active = true;
         self.active.push(slot);
+        self.counters.live_changes += 1;
         self.rate_sum.set(None);
         self.mark_ready(slot);
         let c = self.campaigns[slot as usize]
@@ -296,6 +297,7 @@ impl Scheduler {
             return;
         }
         let c = self.campaigns[slot as usize].take().expect("campaign slot");
+        self.counters.live_changes += 1;
         self.by_id.remove(&c.settings.id);
         self.active.retain(|&s| s != slot);
         self.rate_sum.set(None);
