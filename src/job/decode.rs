@@ -62,7 +62,7 @@ pub(super) fn problem_of(e: JobError) -> String {
 }
 
 #[derive(Clone, Copy)]
-enum Field {
+pub(super) enum Field {
     JobId,
     CampaignId,
     SendRate,
@@ -327,7 +327,7 @@ impl Parts {
 }
 
 /// A send rate as written: any JSON number.
-struct RateNumber(f64);
+pub(super) struct RateNumber(pub(super) f64);
 
 impl<'de> Deserialize<'de> for RateNumber {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -352,7 +352,7 @@ impl<'de> Deserialize<'de> for RateNumber {
 }
 
 /// An algorithm name, parsed without allocating.
-struct AlgorithmName(Algorithm);
+pub(super) struct AlgorithmName(pub(super) Algorithm);
 
 impl<'de> Deserialize<'de> for AlgorithmName {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -18,6 +18,7 @@ mod devices;
 mod kinds;
 mod lifecycle;
 mod options;
+mod peek;
 pub mod provider_rules;
 pub mod webpush_subscription;
 
@@ -28,6 +29,7 @@ pub use options::{
     check_provider_name, Priority, PushOptions, PushType, MAX_COLLAPSE_ID_BYTES, MAX_PROVIDER_NAME,
     MAX_TTL_S,
 };
+pub use peek::{peek, Peek};
 pub use provider_rules::check_for_provider;
 
 use crate::limiter::{Algorithm, Rate};

@@ -365,6 +365,8 @@ impl Loop {
     }
 
     /// A new message: dead-letter it, hold it, or park it behind its campaign's lookahead.
+    /// A job to be parked is only peeked at ([`crate::job::peek`]): it is decoded in full
+    /// when handed over, and a bad one is dead-lettered then.
     fn handle(&self, msg: &rdkafka::message::BorrowedMessage<'_>, partition: i32, offset: i64) {
         let span = tracing::info_span!("job", partition, offset);
         let _g = span.enter();
@@ -373,33 +375,58 @@ impl Loop {
             s.stats.jobs_received += 1;
             s.load.entry(partition).or_default();
         });
+        let at = JobRef { partition, offset };
+        if let Some(p) = super::message::peek_message(msg) {
+            let settings = match self.known.get(p.campaign_id.as_str()) {
+                Some((s, _)) => s.clone(),
+                None => enrich::provisional_for(
+                    &p.campaign_id,
+                    p.send_rate,
+                    p.algorithm,
+                    &self.defaults,
+                ),
+            };
+            if self.park_if_behind(msg, &settings, at, p.devices) {
+                return;
+            }
+        }
         let Some(job) = self.decode_or_dead_letter(msg, partition, offset) else {
             return;
         };
         let settings = self.campaign_settings(&job);
+        if !self.park_if_behind(msg, &settings, at, job.devices.len() as u32) {
+            self.hand_over(job, settings, partition, offset);
+        }
+    }
+
+    /// Parks the job behind its campaign's lookahead unless the campaign wants it now
+    /// and memory has room; returns whether it parked it.
+    fn park_if_behind(
+        &self,
+        msg: &rdkafka::message::BorrowedMessage<'_>,
+        settings: &CampaignSettings,
+        at: JobRef,
+        devices: u32,
+    ) -> bool {
         let room = self.has_room();
-        let at = JobRef { partition, offset };
         let max_bytes = self.max_parked_bytes;
         let parked = self.with_state(|s, _| {
             if s.backlog.wants(&settings.id) && (room || s.backlog.guaranteed(&settings.id)) {
-                false
-            } else {
-                // Keep the raw message while memory allows: no re-read later. Partitions
-                // pause at the budget unless a campaign starves there (see adjust_pauses);
-                // reading on for it may keep up to twice the budget.
-                let size = msg.payload_len() + msg.key_len();
-                let keep = (s.backlog.parked_bytes() + size <= 2 * max_bytes).then(|| msg.detach());
-                let devices = job.devices.len() as u32;
-                s.backlog
-                    .park(&settings.id, settings.rate.as_f64(), at, devices, keep);
-                true
+                return false;
             }
+            // Keep the raw message while memory allows: no re-read later. Partitions
+            // pause at the budget unless a campaign starves there (see adjust_pauses);
+            // reading on for it may keep up to twice the budget.
+            let size = msg.payload_len() + msg.key_len();
+            let keep = (s.backlog.parked_bytes() + size <= 2 * max_bytes).then(|| msg.detach());
+            s.backlog
+                .park(&settings.id, settings.rate.as_f64(), at, devices, keep);
+            true
         });
         if parked {
             tracing::debug!(campaign = %settings.id, "job parked behind its campaign's lookahead");
-        } else {
-            self.hand_over(job, settings, partition, offset);
         }
+        parked
     }
 
     /// Decodes and checks a job; a bad one is dead-lettered (its offset finishes once

@@ -18,6 +18,7 @@ use super::settings_loader::SettingsLoader;
 use crate::capping::shared::SharedCap;
 use crate::hygiene::TokenHygiene;
 use crate::job::Job;
+use crate::limiter::{Algorithm, Rate};
 use crate::store::campaigns::CampaignDefaults;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -138,10 +139,20 @@ fn hygiene_transient(e: &crate::hygiene::HygieneError) -> bool {
 /// A campaign's settings until its stored ones are read: the job's own, else the
 /// defaults. Used only to size the consumer's lookahead; the scheduler gets the stored.
 pub fn provisional(job: &Job, defaults: &CampaignDefaults) -> CampaignSettings {
+    provisional_for(&job.campaign_id, job.send_rate, job.algorithm, defaults)
+}
+
+/// [`provisional`] from a job's campaign and stated settings alone.
+pub fn provisional_for(
+    campaign_id: &str,
+    rate: Option<Rate>,
+    algorithm: Option<Algorithm>,
+    defaults: &CampaignDefaults,
+) -> CampaignSettings {
     CampaignSettings {
-        id: Arc::from(job.campaign_id.as_str()),
-        rate: job.send_rate.unwrap_or(defaults.send_rate),
-        algorithm: job.algorithm.unwrap_or(defaults.algorithm),
+        id: Arc::from(campaign_id),
+        rate: rate.unwrap_or(defaults.send_rate),
+        algorithm: algorithm.unwrap_or(defaults.algorithm),
         burst: defaults.burst,
         paused: false,
         halted: false,

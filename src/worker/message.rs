@@ -84,6 +84,18 @@ pub fn inspect_message<M: HeaderSource>(msg: &M) -> Result<Job, Rejection> {
     inspect(msg.payload(), headers.iter())
 }
 
+/// What parking needs of a message ([`job::peek`]), or `None` when it should be decoded
+/// in full now: its headers, like its value, must pass [`inspect`] later.
+pub fn peek_message<M: HeaderSource>(msg: &M) -> Option<job::Peek> {
+    let headers = msg.header_list().ok()?;
+    for (idx, (name, value)) in headers.iter().enumerate() {
+        if idx == MAX_HEADERS || header_problem(idx, name, value).is_err() {
+            return None;
+        }
+    }
+    job::peek(msg.payload().unwrap_or(&[]))
+}
+
 /// Why one header is refused, or `Ok` when its name and value are UTF-8 text.
 fn header_problem(idx: usize, name: &[u8], value: Option<&[u8]>) -> Result<(), String> {
     if let Err(e) = std::str::from_utf8(name) {

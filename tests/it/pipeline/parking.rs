@@ -303,3 +303,83 @@ async fn a_rate_change_moves_the_intakes_lookahead_before_any_send() {
     assert_eq!(c.sent, 0, "its start is an hour away");
     worker.shutdown().await.unwrap();
 }
+
+/// A job parked behind its campaign's lookahead is only peeked at when read (campaign,
+/// rate, device count); a bad one among them is dead-lettered when its turn comes, with
+/// the full decode's reason, and the jobs around it go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_job_parked_behind_the_lookahead_is_dead_lettered_when_handed_over() {
+    use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch};
+    let mut tw = TestWorker::options()
+        .null_sender()
+        .settings(&[("worker.lookahead_ms", "1000".into())])
+        .prepare()
+        .await;
+    let (pool, topic) = (tw.pool.clone(), tw.topic.clone());
+    let id = unique_name("peeked").replace('_', "-");
+    let far = chrono::Utc::now() + chrono::Duration::hours(1);
+    let defaults = CampaignDefaults::default();
+    let slow = CampaignPatch {
+        send_rate: Some(0.01),
+        start_at: Some(Some(far)),
+        ..Default::default()
+    };
+    campaigns::put(&pool, &id, &slow, &defaults).await.unwrap();
+    produce_to_partition(&topic, 0, &id, 1, 0..2, 100).await;
+    // No payload: the peek reads what parking needs; only the full decode refuses it.
+    let bad = serde_json::json!({
+        "job_id": format!("{id}-bad"),
+        "campaign_id": id,
+        "devices": ["t-1", "t-2"],
+    })
+    .to_string();
+    let (_, bad_offset) = Producer::new()
+        .send(&topic, Record::of(bad.as_bytes()).partition(0))
+        .await;
+    produce_to_partition(&topic, 0, &id, 1, 2..4, 100).await;
+    tw.start().await;
+    let worker = tw.take_worker();
+    let letters = || async {
+        sqlx::query_as::<_, (i64, String, String)>(
+            "SELECT kafka_offset, kind, reason FROM dead_letters WHERE campaign_id = $1 OR topic = $2",
+        )
+        .bind(&id)
+        .bind(&topic)
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    wait_for(
+        "four jobs parked behind the first",
+        GROUP_JOIN_LIMIT,
+        || worker.consumer_stats.borrow().parked_jobs == 4,
+    )
+    .await;
+    assert!(letters().await.is_empty(), "parked, so not decoded yet");
+    let fast = CampaignPatch {
+        send_rate: Some(1000.0),
+        start_at: Some(None),
+        ..Default::default()
+    };
+    campaigns::put(&pool, &id, &fast, &defaults).await.unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    while letters().await.is_empty() {
+        assert!(Instant::now() < end, "the bad job was never dead-lettered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Delivered over the worker: the campaign leaves the live list once it is done.
+    wait_for("every good device sent", Duration::from_secs(20), || {
+        worker.scheduler_stats.borrow().delivered == 400
+    })
+    .await;
+    let got = letters().await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (offset, kind, reason) = &got[0];
+    assert_eq!(
+        (*offset, kind.as_str()),
+        (bad_offset, "invalid_job"),
+        "{got:?}"
+    );
+    assert!(reason.contains("payload"), "{reason}");
+    worker.shutdown().await.unwrap();
+}
