@@ -252,16 +252,22 @@ async fn a_partition_paused_before_a_rebalance_is_read_again_after_it() {
 /// start an hour away, so nothing is sent and no job finishes: at 0.01/s its 1 s
 /// lookahead is one device, so it holds its first job and parks four; at 1,000/s the
 /// lookahead covers all 500 devices, and only the new rate can take the parked ones up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rate_change_moves_the_intakes_lookahead_before_any_send() {
-    use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch};
-    let mut tw = TestWorker::options()
+/// A null-sender worker (not started) whose campaigns hold 1 s of sends, its pool and
+/// topic, and a fresh campaign id.
+async fn one_second_lookahead(prefix: &str) -> (TestWorker, sqlx::PgPool, String, String) {
+    let tw = TestWorker::options()
         .null_sender()
         .settings(&[("worker.lookahead_ms", "1000".into())])
         .prepare()
         .await;
     let (pool, topic) = (tw.pool.clone(), tw.topic.clone());
-    let id = unique_name("follow").replace('_', "-");
+    (tw, pool, topic, unique_name(prefix).replace('_', "-"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_change_moves_the_intakes_lookahead_before_any_send() {
+    use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch};
+    let (mut tw, pool, topic, id) = one_second_lookahead("follow").await;
     let far = chrono::Utc::now() + chrono::Duration::hours(1);
     let set = |rate: f64| CampaignPatch {
         send_rate: Some(rate),
@@ -310,13 +316,7 @@ async fn a_rate_change_moves_the_intakes_lookahead_before_any_send() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_job_parked_behind_the_lookahead_is_dead_lettered_when_handed_over() {
     use pushpace::store::campaigns::{self, CampaignDefaults, CampaignPatch};
-    let mut tw = TestWorker::options()
-        .null_sender()
-        .settings(&[("worker.lookahead_ms", "1000".into())])
-        .prepare()
-        .await;
-    let (pool, topic) = (tw.pool.clone(), tw.topic.clone());
-    let id = unique_name("peeked").replace('_', "-");
+    let (mut tw, pool, topic, id) = one_second_lookahead("peeked").await;
     let far = chrono::Utc::now() + chrono::Duration::hours(1);
     let defaults = CampaignDefaults::default();
     let slow = CampaignPatch {
