@@ -377,15 +377,7 @@ impl Loop {
         });
         let at = JobRef { partition, offset };
         if let Some(p) = super::message::peek_message(msg) {
-            let settings = match self.known.get(p.campaign_id.as_str()) {
-                Some((s, _)) => s.clone(),
-                None => enrich::provisional_for(
-                    &p.campaign_id,
-                    p.send_rate,
-                    p.algorithm,
-                    &self.defaults,
-                ),
-            };
+            let settings = self.settings_for(&p.campaign_id, p.send_rate, p.algorithm);
             if self.park_if_behind(msg, &settings, at, p.devices) {
                 return;
             }
@@ -574,9 +566,19 @@ impl Loop {
     /// The campaign's settings as last read (the scheduler gets the stored ones), or
     /// provisional ones until its lookups read them.
     fn campaign_settings(&self, job: &Job) -> CampaignSettings {
-        match self.known.get(job.campaign_id.as_str()) {
+        self.settings_for(&job.campaign_id, job.send_rate, job.algorithm)
+    }
+
+    /// The campaign's settings as read from the store, else those its job states.
+    fn settings_for(
+        &self,
+        campaign_id: &str,
+        rate: Option<Rate>,
+        algorithm: Option<crate::limiter::Algorithm>,
+    ) -> CampaignSettings {
+        match self.known.get(campaign_id) {
             Some((s, _)) => s.clone(),
-            None => enrich::provisional(job, &self.defaults),
+            None => enrich::provisional(campaign_id, rate, algorithm, &self.defaults),
         }
     }
 

@@ -138,12 +138,7 @@ fn hygiene_transient(e: &crate::hygiene::HygieneError) -> bool {
 
 /// A campaign's settings until its stored ones are read: the job's own, else the
 /// defaults. Used only to size the consumer's lookahead; the scheduler gets the stored.
-pub fn provisional(job: &Job, defaults: &CampaignDefaults) -> CampaignSettings {
-    provisional_for(&job.campaign_id, job.send_rate, job.algorithm, defaults)
-}
-
-/// [`provisional`] from a job's campaign and stated settings alone.
-pub fn provisional_for(
+pub fn provisional(
     campaign_id: &str,
     rate: Option<Rate>,
     algorithm: Option<Algorithm>,

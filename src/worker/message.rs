@@ -66,6 +66,14 @@ pub fn inspect<'h>(
     value: Option<&[u8]>,
     headers: impl IntoIterator<Item = (&'h [u8], Option<&'h [u8]>)>,
 ) -> Result<Job, Rejection> {
+    check_headers(headers)?;
+    Ok(job::decode(value.unwrap_or(&[]))?)
+}
+
+/// Refuses more than [`MAX_HEADERS`] headers, or one whose name or value is not text.
+fn check_headers<'h>(
+    headers: impl IntoIterator<Item = (&'h [u8], Option<&'h [u8]>)>,
+) -> Result<(), Rejection> {
     for (idx, (name, value)) in headers.into_iter().enumerate() {
         if idx == MAX_HEADERS {
             return Err(Rejection::malformed(format!(
@@ -74,7 +82,7 @@ pub fn inspect<'h>(
         }
         header_problem(idx, name, value).map_err(Rejection::malformed)?;
     }
-    Ok(job::decode(value.unwrap_or(&[]))?)
+    Ok(())
 }
 
 /// [`inspect`] on a message read from Kafka: its value and its headers, read without
@@ -87,12 +95,7 @@ pub fn inspect_message<M: HeaderSource>(msg: &M) -> Result<Job, Rejection> {
 /// What parking needs of a message ([`job::peek`]), or `None` when it should be decoded
 /// in full now: its headers, like its value, must pass [`inspect`] later.
 pub fn peek_message<M: HeaderSource>(msg: &M) -> Option<job::Peek> {
-    let headers = msg.header_list().ok()?;
-    for (idx, (name, value)) in headers.iter().enumerate() {
-        if idx == MAX_HEADERS || header_problem(idx, name, value).is_err() {
-            return None;
-        }
-    }
+    check_headers(msg.header_list().ok()?.iter()).ok()?;
     job::peek(msg.payload().unwrap_or(&[]))
 }
 

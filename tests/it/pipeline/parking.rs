@@ -336,6 +336,18 @@ async fn a_bad_job_parked_behind_the_lookahead_is_dead_lettered_when_handed_over
     let (_, bad_offset) = Producer::new()
         .send(&topic, Record::of(bad.as_bytes()).partition(0))
         .await;
+    // A NUL inside a token, as a careless producer writes it: the peek counts the token,
+    // the full decode refuses it.
+    let nul = serde_json::json!({
+        "job_id": format!("{id}-nul"),
+        "campaign_id": id,
+        "devices": ["t-3", "t\u{0}4"],
+        "payload": {"t": 1},
+    })
+    .to_string();
+    let (_, nul_offset) = Producer::new()
+        .send(&topic, Record::of(nul.as_bytes()).partition(0))
+        .await;
     produce_to_partition(&topic, 0, &id, 1, 2..4, 100).await;
     tw.start().await;
     let worker = tw.take_worker();
@@ -350,9 +362,9 @@ async fn a_bad_job_parked_behind_the_lookahead_is_dead_lettered_when_handed_over
         .unwrap()
     };
     wait_for(
-        "four jobs parked behind the first",
+        "five jobs parked behind the first",
         GROUP_JOIN_LIMIT,
-        || worker.consumer_stats.borrow().parked_jobs == 4,
+        || worker.consumer_stats.borrow().parked_jobs == 5,
     )
     .await;
     assert!(letters().await.is_empty(), "parked, so not decoded yet");
@@ -363,7 +375,7 @@ async fn a_bad_job_parked_behind_the_lookahead_is_dead_lettered_when_handed_over
     };
     campaigns::put(&pool, &id, &fast, &defaults).await.unwrap();
     let end = Instant::now() + Duration::from_secs(20);
-    while letters().await.is_empty() {
+    while letters().await.len() < 2 {
         assert!(Instant::now() < end, "the bad job was never dead-lettered");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -372,8 +384,9 @@ async fn a_bad_job_parked_behind_the_lookahead_is_dead_lettered_when_handed_over
         worker.scheduler_stats.borrow().delivered == 400
     })
     .await;
-    let got = letters().await;
-    assert_eq!(got.len(), 1, "{got:?}");
+    let mut got = letters().await;
+    got.sort();
+    assert_eq!(got.len(), 2, "{got:?}");
     let (offset, kind, reason) = &got[0];
     assert_eq!(
         (*offset, kind.as_str()),
@@ -381,5 +394,10 @@ async fn a_bad_job_parked_behind_the_lookahead_is_dead_lettered_when_handed_over
         "{got:?}"
     );
     assert!(reason.contains("payload"), "{reason}");
+    assert_eq!(
+        (got[1].0, got[1].1.as_str()),
+        (nul_offset, "invalid_job"),
+        "{got:?}"
+    );
     worker.shutdown().await.unwrap();
 }
