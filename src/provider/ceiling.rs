@@ -4,9 +4,12 @@
 //! Pure and clock-free: the scheduler feeds it each answer ([`Ceiling::answer`]) and the
 //! time ([`Ceiling::tick`]); it judges each whole second. The law (docs/ADAPTIVE.md):
 //! - **Decrease.** A second with a congestion signal sets the ceiling to
-//!   `β × min(ceiling, accepted)`, where `accepted` is what the provider took in that
-//!   second: under a hidden quota that is the quota, so one cut lands just below it
-//!   however far above it the campaigns were asking. Never below the floor.
+//!   `β × min(ceiling, accepted)`, where `accepted` is the rate the provider took in
+//!   that second: under a hidden quota that is the quota, so one cut lands just below it
+//!   however far above it the campaigns were asking. A lane that sent in bursts has a
+//!   lower mean, so the rate accepted between 429s that came close together is taken
+//!   when it is higher. W, the rate of the last congestion, is that rate. Never below
+//!   the floor.
 //! - **Increase.** A clear second moves the ceiling half way back to the rate of the last
 //!   congestion (`W`), by at least `α × W`; at `W` it probes upward by `α × W`, doubling
 //!   each clear second, so a lifted quota is found in a few seconds. Once the ceiling
@@ -73,6 +76,14 @@ const LATENCY_BUCKETS: usize = 8 + 24 * SUB_BUCKETS as usize;
 /// Fewer answers than this in a second are not judged for latency (a p95 of 3 answers
 /// is one slow answer).
 const MIN_LATENCY_SAMPLES: u32 = 20;
+/// Two 429s this close belong to one stretch of refusing: between them the provider took
+/// only what its quota let through (a token bucket empty at both, and too short a time
+/// to refill past a cap of more than 20 ms of its rate). A longer gap may hold a pause
+/// in the sends, over which a bucket refills and the count would say less than the rate.
+const REFUSING_GAP: Nanos = NANOS_PER_SEC / 50;
+/// The least time spent refusing in a second whose acceptances are read as the quota's
+/// rate: answers come back with about a millisecond of jitter, 2% of 50 ms.
+const MIN_REFUSING: Nanos = NANOS_PER_SEC / 20;
 
 /// One provider's ceiling.
 #[derive(Debug, Clone)]
@@ -101,6 +112,11 @@ pub struct Ceiling {
     /// The first answer of the second: counts are turned into rates over the part of
     /// the second that had traffic (a worker that starts or resumes mid-second).
     first_answer: Nanos,
+    /// The second's last refusal (429) with `accepted` then, and the time spent
+    /// refusing ([`REFUSING_GAP`]) and the answers accepted in it.
+    last_refusal: Option<(Nanos, u32)>,
+    refusing: Nanos,
+    accepted_refusing: u32,
     /// Totals per signal, for the metric.
     totals: [u64; SIGNALS],
 }
@@ -136,6 +152,9 @@ impl Ceiling {
             latency: [0; LATENCY_BUCKETS],
             answers: 0,
             first_answer: 0,
+            last_refusal: None,
+            refusing: 0,
+            accepted_refusing: 0,
             totals: [0; SIGNALS],
         }
     }
@@ -184,6 +203,15 @@ impl Ceiling {
         match signal {
             Some(s) => self.signals[s as usize] += 1,
             None => self.accepted += 1,
+        }
+        if signal == Some(Signal::Throttled) {
+            if let Some((t, a)) = self.last_refusal {
+                if now.saturating_sub(t) <= REFUSING_GAP {
+                    self.refusing += now.saturating_sub(t);
+                    self.accepted_refusing += self.accepted - a;
+                }
+            }
+            self.last_refusal = Some((now, self.accepted));
         }
         self.latency[bucket(latency_ns / 1000).min(LATENCY_BUCKETS - 1)] += 1;
     }
@@ -236,6 +264,9 @@ impl Ceiling {
         self.accepted = 0;
         self.latency = [0; LATENCY_BUCKETS];
         self.answers = 0;
+        self.last_refusal = None;
+        self.refusing = 0;
+        self.accepted_refusing = 0;
         Some(Judged {
             changed: before != self.ceiling,
             signals,
@@ -274,18 +305,33 @@ impl Ceiling {
             None if paused => demand,
             None => sent / span,
         };
+        // What the provider took: the second's mean, or the rate while it refused when
+        // that is higher (sends in bursts with gaps).
+        let between = self.rate_while_refusing();
+        let taken = (f64::from(self.accepted) / span).max(between.unwrap_or(0.0));
         let base = if self.answers == 0 {
             current
         } else {
-            current.min(f64::from(self.accepted) / span)
+            current.min(taken)
         };
         // W: where congestion began. A second with nothing accepted (an outage) says
         // nothing of it: the old W stands, so that recovery heads back there.
         if self.accepted > 0 || self.last_congestion == 0.0 {
-            self.last_congestion = base.max(self.params.floor);
+            self.last_congestion = base.max(between.unwrap_or(0.0)).max(self.params.floor);
         }
         self.ceiling = Some((base * self.params.beta).max(self.params.floor));
         self.probes = 0;
+    }
+
+    /// The rate accepted while the provider was refusing ([`REFUSING_GAP`]). Under a
+    /// quota this is its rate however the sends were shaped; the second's mean is not
+    /// when the lane sent in bursts with gaps (a lane short of jobs), and a W read from
+    /// that would be far low, and the probes back up to the quota would overshoot it by
+    /// about as much.
+    fn rate_while_refusing(&self) -> Option<f64> {
+        (self.refusing >= MIN_REFUSING).then(|| {
+            f64::from(self.accepted_refusing) * NANOS_PER_SEC as f64 / self.refusing as f64
+        })
     }
 
     fn increase(&mut self, demand: f64) {

@@ -67,6 +67,49 @@ fn converges_below_a_hidden_quota_and_recovers_when_it_lifts() {
     assert!(back.is_some_and(|t| t - 120 <= 30), "{back:?}");
 }
 
+/// A lane short of jobs sends in bursts: 8 of 200 sends at 5,000/s, one every 125 ms
+/// (1,600 in the second), against a 2,000/s quota with a 100-send bucket that refills
+/// to its cap between them. The second's mean accepted rate is far below the quota; the
+/// rate while refused is not, so W lands on the quota and the probes after the cut do
+/// not climb far past it (with W at the mean they would overshoot by hundreds a second).
+#[test]
+fn a_lane_sending_in_bursts_reads_the_quota_while_refused() {
+    let mut c = Ceiling::new(CeilingParams::default());
+    let (quota, cap) = (2_000.0, 100.0);
+    let (mut tokens, mut last, mut accepted) = (cap, 0u64, 0u32);
+    for burst in 0..8u64 {
+        for i in 0..200u64 {
+            let t = burst * S / 8 + i * S / 5_000;
+            tokens = (tokens + (t - last) as f64 / S as f64 * quota).min(cap);
+            last = t;
+            let signal = if tokens >= 1.0 {
+                tokens -= 1.0;
+                accepted += 1;
+                None
+            } else {
+                Some(Signal::Throttled)
+            };
+            c.answer(signal, 1_000_000, t + 1_000_000);
+        }
+    }
+    c.tick(S, 5_000.0, 1_600.0);
+    assert!(
+        accepted < 1_500,
+        "the mean is far below the quota: {accepted}"
+    );
+    let w = c.last_congestion;
+    assert!((w - quota).abs() <= quota * 0.03, "W {w}");
+    let cut = c.limit().expect("cut");
+    assert!(cut < quota * 0.9, "{cut}");
+    // Then the lane has jobs again and sends at the ceiling.
+    let mut highest: f64 = 0.0;
+    for t in 1..30 {
+        second(&mut c, t, 5_000.0, quota);
+        highest = highest.max(c.limit().unwrap_or(5_000.0));
+    }
+    assert!(highest <= quota * 1.03, "the ceiling climbed to {highest}");
+}
+
 /// A worker that starts 0.7 s into a second sends and is refused for 0.3 s only: the
 /// cut uses rates over that part, not the second's counts.
 #[test]
