@@ -75,15 +75,15 @@ fn converges_below_a_hidden_quota_and_recovers_when_it_lifts() {
 #[test]
 fn a_lane_sending_in_bursts_reads_the_quota_while_refused() {
     let mut c = Ceiling::new(CeilingParams::default());
-    let (quota, cap) = (2_000.0, 100.0);
-    let (mut tokens, mut last, mut accepted) = (cap, 0u64, 0u32);
+    // The test sink's quota, on a clock of its own that starts at 0 here.
+    let quota = 2_000.0;
+    let mut bucket = crate::tools::sink::Bucket::new(2_000, 100);
+    let zero = std::time::Instant::now();
+    let mut accepted = 0u32;
     for burst in 0..8u64 {
         for i in 0..200u64 {
             let t = burst * S / 8 + i * S / 5_000;
-            tokens = (tokens + (t - last) as f64 / S as f64 * quota).min(cap);
-            last = t;
-            let signal = if tokens >= 1.0 {
-                tokens -= 1.0;
+            let signal = if bucket.take(zero + std::time::Duration::from_nanos(t)) {
                 accepted += 1;
                 None
             } else {

@@ -11,7 +11,7 @@ use crate::helpers::{pacing_lock, unique_name, wait_for};
 use pushpace::limiter::Algorithm;
 use pushpace::provider::ceiling::CeilingParams;
 use pushpace::tools::produce::ProducePlan;
-use pushpace::tools::sink::{Arrival, Behaviour, RetryAfter, SinkConfig};
+use pushpace::tools::sink::{Arrival, Behaviour, Bucket, RetryAfter, SinkConfig};
 use pushpace::worker::scheduler::{CampaignLive, ProviderLive};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,9 +122,10 @@ async fn paced_adaptive_ceiling_converges_below_a_hidden_quota_and_recovers() {
         .iter()
         .map(|&r| (r, (r.min(425.0) * 32.0) as usize))
         .collect();
+    let (per_second, burst) = (2_000, 100);
     let quota = Behaviour::Quota {
-        per_second: 2_000,
-        burst: 100,
+        per_second,
+        burst,
         retry_after: None,
     };
     let mut run = start(&campaigns, quota, CeilingParams::default()).await;
@@ -143,7 +144,7 @@ async fn paced_adaptive_ceiling_converges_below_a_hidden_quota_and_recovers() {
         "delivered {delivered}/s"
     );
     let fraction = refused / window.len() as f64;
-    let why = Refusals::of(&window, 2_000.0, 100.0);
+    let why = Refusals::of(&window, per_second, burst);
     let seconds = lane_seconds(&run.lane(), 25);
     assert!(
         fraction <= 0.02,
@@ -249,20 +250,17 @@ struct Refusals {
 }
 
 impl Refusals {
-    fn of(window: &[&Arrival], per_second: f64, burst: f64) -> Self {
+    fn of(window: &[&Arrival], per_second: u64, burst: u64) -> Self {
         let mut released: Vec<Duration> = window.iter().filter_map(|a| a.released).collect();
         released.sort();
-        let (mut tokens, mut last, mut replayed) = (burst, released.first().copied(), 0);
-        for &t in &released {
-            let elapsed = last.map_or(0.0, |l| (t - l).as_secs_f64());
-            last = Some(t);
-            tokens = (tokens + elapsed * per_second).min(burst);
-            if tokens >= 1.0 {
-                tokens -= 1.0;
-            } else {
-                replayed += 1;
-            }
-        }
+        // The sink's own bucket, on a clock that starts at the window's first release.
+        let mut bucket = Bucket::new(per_second, burst);
+        let zero = Instant::now();
+        let first = released.first().copied().unwrap_or_default();
+        let replayed = released
+            .iter()
+            .filter(|&&t| !bucket.take(zero + (t - first)))
+            .count();
         let mut transit: Vec<f64> = window
             .iter()
             .filter_map(|a| Some(a.at.saturating_sub(a.released?).as_secs_f64() * 1e3))

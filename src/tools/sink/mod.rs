@@ -23,6 +23,7 @@ mod log;
 mod server;
 mod state;
 
+pub use bucket::Bucket;
 pub use counting::{serve_counting_until, CountingSummary};
 pub use handle::{serve_until, Sink, SinkHandle};
 
