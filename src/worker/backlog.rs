@@ -38,6 +38,8 @@ struct CampaignBacklog {
     rate: f64,
     held: Vec<Held>,
     parked: VecDeque<Parked>,
+    /// Devices in `parked`.
+    parked_devices: u64,
     /// The partition its latest job came from: where its next one probably is.
     partition: Option<i32>,
     /// No re-read of its parked jobs before this instant (after a failed one).
@@ -60,6 +62,16 @@ fn message_bytes(m: &Option<OwnedMessage>) -> usize {
     })
 }
 
+/// Devices worth `span` at `rate`, at least one.
+fn devices_in(span: Duration, rate: f64) -> u64 {
+    let d = rate * span.as_secs_f64();
+    if d.is_finite() && d >= 1.0 {
+        d.ceil() as u64
+    } else {
+        1
+    }
+}
+
 impl CampaignBacklog {
     /// Held jobs with devices not dispatched yet.
     fn undispatched_jobs(&self) -> usize {
@@ -77,6 +89,13 @@ impl CampaignBacklog {
             .sum()
     }
 }
+
+/// A campaign whose held and parked jobs cover less than this of its sends is running
+/// low: the partition of its latest job is read on even while parked messages fill their
+/// budget. Reading a paused partition on until the campaign's next job comes took up to
+/// 0.7 s in the 1,000-campaign bench (docs/BENCHMARKS.md), during which a campaign that
+/// waited until nothing was parked ran dry.
+const LOW_WATER: Duration = Duration::from_secs(2);
 
 /// Devices in each campaign's parked jobs.
 pub type ParkedDevices = Arc<Vec<(Arc<str>, u64)>>;
@@ -118,12 +137,7 @@ impl Backlog {
 
     /// Devices worth `lookahead` at `rate`, at least one.
     fn lookahead_devices(&self, rate: f64) -> u64 {
-        let d = rate * self.lookahead.as_secs_f64();
-        if d.is_finite() && d >= 1.0 {
-            d.ceil() as u64
-        } else {
-            1
-        }
+        devices_in(self.lookahead, rate)
     }
 
     /// Whether a new job of `campaign` should be held in memory: the campaign has less
@@ -185,6 +199,7 @@ impl Backlog {
         if c.parked.is_empty() {
             self.with_parked.insert(campaign.clone());
         }
+        c.parked_devices += u64::from(devices);
         c.parked.push_back(Parked {
             at,
             devices,
@@ -207,6 +222,7 @@ impl Backlog {
         if c.parked.is_empty() {
             self.with_parked.insert(campaign.clone());
         }
+        c.parked_devices += u64::from(devices);
         c.parked.push_front(Parked {
             at,
             devices,
@@ -215,8 +231,9 @@ impl Backlog {
         *self.parked_per_partition.entry(at.partition).or_default() += 1;
     }
 
-    /// Whether a campaign whose latest job came from `partition` is running low with
-    /// nothing parked: reading that partition on is how it gets its next job.
+    /// Whether a campaign whose latest job came from `partition` is running low: below
+    /// its lookahead with nothing parked, or below [`LOW_WATER`] (at most the lookahead)
+    /// of its sends held and parked. Reading that partition on is how it gets its next jobs.
     pub fn starving_in(&self, partition: i32) -> bool {
         self.starving_partitions().contains(&partition)
     }
@@ -227,10 +244,13 @@ impl Backlog {
         let mut out = Vec::new();
         for c in self.campaigns.values() {
             let Some(p) = c.partition else { continue };
-            if c.parked.is_empty()
-                && !out.contains(&p)
-                && c.remaining() < self.lookahead_devices(c.rate)
-            {
+            if out.contains(&p) {
+                continue;
+            }
+            let left = c.remaining();
+            let starving = c.parked.is_empty() && left < self.lookahead_devices(c.rate);
+            let low = devices_in(LOW_WATER.min(self.lookahead), c.rate);
+            if starving || left + c.parked_devices < low {
                 out.push(p);
             }
         }
@@ -327,6 +347,7 @@ impl Backlog {
         let c = self.campaigns.get_mut(&id)?;
         c.retry_at = None;
         let p = c.parked.pop_front()?;
+        c.parked_devices -= u64::from(p.devices);
         if c.parked.is_empty() {
             self.with_parked.remove(&id);
         }
@@ -344,6 +365,7 @@ impl Backlog {
         for c in self.campaigns.values_mut() {
             c.held.retain(|h| !partitions.contains(&h.at.partition));
             c.parked.retain(|r| !partitions.contains(&r.at.partition));
+            c.parked_devices = c.parked.iter().map(|p| u64::from(p.devices)).sum();
         }
         self.parked_version += 1;
         self.parked_bytes = self
@@ -384,12 +406,7 @@ impl Backlog {
                 .with_parked
                 .iter()
                 .filter_map(|id| Some((id, self.campaigns.get(id)?)))
-                .map(|(id, c)| {
-                    (
-                        id.clone(),
-                        c.parked.iter().map(|p| u64::from(p.devices)).sum(),
-                    )
-                })
+                .map(|(id, c)| (id.clone(), c.parked_devices))
                 .collect();
             self.parked_snapshot = (self.parked_version, Arc::new(list));
         }
@@ -551,6 +568,31 @@ mod tests {
         assert!(!b.starving_in(2), "its jobs come from partition 3");
         b.park(&a, 100.0, at(3, 1), 10, None);
         assert!(!b.starving_in(3), "its next job is parked already");
+    }
+
+    #[test]
+    fn a_campaign_with_too_little_parked_is_running_low_in_its_partition() {
+        let mut b = Backlog::new(Duration::from_secs(10));
+        let fast: Arc<str> = Arc::from("fast");
+        // 5,000/s: LOW_WATER is 10,000 devices.
+        let cursor = Arc::new(AtomicU32::new(0));
+        b.hold(&fast, 5_000.0, at(3, 0), 500, cursor.clone());
+        for o in 1..=10 {
+            b.park(&fast, 5_000.0, at(3, o), 500, None);
+        }
+        assert!(
+            b.starving_in(3),
+            "5,500 devices held and parked, 1.1 s: its partition is read on before it runs dry"
+        );
+        for o in 11..=20 {
+            b.park(&fast, 5_000.0, at(3, o), 500, None);
+        }
+        assert!(!b.starving_in(3), "10,500 devices, 2.1 s");
+        cursor.store(500, Ordering::Relaxed);
+        assert!(!b.starving_in(3), "10,000 left: 2 s");
+        b.forget_partitions(&[3]);
+        b.park(&fast, 5_000.0, at(4, 0), 500, None);
+        assert!(b.starving_in(4), "the parked count follows a revocation");
     }
 
     #[test]
