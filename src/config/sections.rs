@@ -306,8 +306,6 @@ pub struct WorkerSettings {
     /// A timed round comes at least this long after the last: one wake-up serves every
     /// campaign due within it (0: a wake-up at each instant a limiter names).
     pub wake_slack_ms: u64,
-    /// A turn this late loses no permit: the sends due are made up over the next rounds.
-    pub catch_up_ms: u64,
     pub stats_flush_ms: u64,
     pub drain_timeout_ms: u64,
     pub max_buffered_jobs: usize,

@@ -114,12 +114,6 @@ impl WorkerSettings {
                 "must be at most half of worker.quantum_min_ms",
             ));
         }
-        if !(w.quantum_min_ms..=1000).contains(&w.catch_up_ms) {
-            return Err(invalid(
-                "worker.catch_up_ms",
-                "must be between worker.quantum_min_ms and 1000",
-            ));
-        }
         if !(10..=60_000).contains(&w.stats_flush_ms) {
             return Err(invalid("worker.stats_flush_ms", "must be 10–60000"));
         }

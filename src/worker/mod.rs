@@ -322,7 +322,6 @@ fn build_scheduler(
             max_active_campaigns: w.max_active_campaigns,
             quantum_min: Duration::from_millis(w.quantum_min_ms),
             quantum_max: Duration::from_millis(w.quantum_max_ms),
-            catch_up: Duration::from_millis(w.catch_up_ms),
             max_in_flight: settings.sender.max_in_flight,
             max_attempts: settings.sender.max_attempts,
             retry_base: Duration::from_millis(settings.sender.retry_base_ms),

@@ -5,33 +5,29 @@
 use super::*;
 
 /// Takes up to `want` permits from `limiter` for a turn at `now`, when the limiter last
-/// named `next_at`: as of that instant and of each following one, so that a late
-/// wake-up keeps the limiter's schedule. Lateness up to `catch_up` is made up, counting
-/// what the limiter makes up by itself ([`RateLimiter::catch_up`], Redis leases): asking
-/// it as of `catch_up` ago would add its catch-up on top. One turn asks as of at most
-/// `burst_span` of those instants, so a longer lateness is made up over the next rounds
-/// in bursts of `rate × burst_span`: the returned `next_at` is then already past, and the
-/// campaign is due again in the next round.
+/// named `next_at`: as of that instant and of each following one up to `now`, so that a
+/// late wake-up keeps the limiter's schedule. Of a longer stall only the last
+/// `quantum_min` is made up, and that counts what the limiter makes up by itself
+/// ([`RateLimiter::catch_up`], Redis leases): asking it as of `quantum_min` ago would
+/// add its catch-up on top, and a stall would come out as twice the burst.
 pub fn acquire_catching_up(
     limiter: &dyn RateLimiter,
     want: u32,
     next_at: Option<Nanos>,
     now: Nanos,
-    catch_up: Nanos,
-    burst_span: Nanos,
+    quantum_min: Nanos,
 ) -> Grant {
-    let max_late = catch_up.saturating_sub(limiter.catch_up());
+    let max_late = quantum_min.saturating_sub(limiter.catch_up());
     let mut asked_at = match next_at {
         Some(t) if t <= now => t.max(now.saturating_sub(max_late)),
         _ => now,
     };
-    let last = asked_at.saturating_add(burst_span).min(now);
     let mut granted = 0u32;
     loop {
         let grant = limiter.acquire_up_to(want - granted, asked_at);
         granted += grant.granted;
         match grant.next_at {
-            Some(t) if t <= last && t > asked_at && granted < want => asked_at = t,
+            Some(t) if t <= now && t > asked_at && granted < want => asked_at = t,
             next_at => return Grant { granted, next_at },
         }
     }

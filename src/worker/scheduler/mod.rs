@@ -17,11 +17,10 @@
 //! Timer wake-ups are only as fine as ~1 ms, so a turn usually runs a little after the
 //! instant its limiter named. A late turn asks the limiter as of that instant (and of
 //! each following one up to now), so lateness is not lost from the rate: sends keep the
-//! limiter's schedule, shifted by the wake-up delay. A stall (a process or a machine that
-//! gave the scheduler no CPU) is made up to `catch_up` (100 ms), counting what the
-//! limiter makes up by itself, `quantum_min` of it per turn ([`acquire_catching_up`]):
-//! a stall never turns into a burst larger than `rate × quantum_min` a round, and costs
-//! the rate only what exceeds `catch_up`.
+//! limiter's schedule, shifted by the wake-up delay. Of a longer stall (a process that
+//! got no CPU), only the last `quantum_min` is made up, counting what the limiter makes
+//! up by itself ([`acquire_catching_up`]): a stall never turns into a burst larger than
+//! `rate × quantum_min`, and costs the rate only what exceeds that.
 //!
 //! Layout: this file holds the state ([`Scheduler`], its campaigns) and its snapshot;
 //! `messages` what flows in and out; `registry` settings, jobs and campaign slots;
@@ -80,21 +79,12 @@ use tokio::sync::{mpsc, oneshot};
 /// gathers save is in docs/BENCHMARKS.md.
 pub const DEFAULT_WAKE_SLACK_MS: u64 = 2;
 
-/// The shipped `worker.catch_up_ms`: on a 2-core host shared with the database and the
-/// broker, timed wake-ups came 25–60 ms late a few times a minute, and each cost every
-/// campaign what exceeded the 10 ms then made up (2–5% of its second); 100 ms covers
-/// them with room (docs/BENCHMARKS.md).
-pub const DEFAULT_CATCH_UP_MS: u64 = 100;
-
 /// The scheduler's settings.
 #[derive(Clone)]
 pub struct SchedulerConfig {
     pub max_active_campaigns: usize,
     pub quantum_min: Duration,
     pub quantum_max: Duration,
-    /// A turn this late (a wake-up the machine delayed) still loses no permit: what fell
-    /// due is made up over the next rounds, `quantum_min` of it per turn.
-    pub catch_up: Duration,
     pub max_in_flight: usize,
     pub max_attempts: u32,
     pub retry_base: Duration,
@@ -124,7 +114,6 @@ impl Default for SchedulerConfig {
             max_active_campaigns: 100,
             quantum_min: Duration::from_millis(10),
             quantum_max: Duration::from_millis(1000),
-            catch_up: Duration::from_millis(DEFAULT_CATCH_UP_MS),
             max_in_flight: 512,
             max_attempts: 8,
             retry_base: Duration::from_millis(100),
@@ -145,7 +134,6 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("max_active_campaigns", &self.max_active_campaigns)
             .field("quantum_min", &self.quantum_min)
             .field("quantum_max", &self.quantum_max)
-            .field("catch_up", &self.catch_up)
             .field("max_in_flight", &self.max_in_flight)
             .field("max_attempts", &self.max_attempts)
             .field("give_up_after", &self.give_up_after)
@@ -579,24 +567,14 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_stall_within_catch_up_is_made_up_in_bursts_of_quantum_min() {
+    fn a_long_stall_loses_only_what_exceeds_quantum_min() {
         let mut s = with_campaign();
         let (sends, largest) = drive(&mut s, 2 * SEC, SEC, 30 * MS);
-        // 31 ms late (the stall and the timer's 1 ms), within catch_up (100 ms): nothing
-        // lost. With only quantum_min made up, 21 were (1,977–1,980).
-        assert!((1_999..=2_001).contains(&sends), "{sends}");
-        // Made up over the next rounds, at most rate × quantum_min (+ the send due now)
-        // at a time.
-        assert!((10..=11).contains(&largest), "a burst of {largest}");
-    }
-
-    #[test]
-    fn a_long_stall_loses_only_what_exceeds_catch_up() {
-        let mut s = with_campaign();
-        let (sends, largest) = drive(&mut s, 2 * SEC, SEC, 130 * MS);
-        // 131 ms late: 100 ms are made up, 31 (sends) are not; the run's end may cut one
-        // more.
-        assert!((1_968..=1_970).contains(&sends), "{sends}");
-        assert!((10..=11).contains(&largest), "a burst of {largest}");
+        // 31 ms late (the stall and the timer's 1 ms): the last 10 ms are made up, 21 ms
+        // (21 sends) are not; the run's end may cut one more. Without the catch-up all
+        // 31 would be lost (1,969).
+        assert!((1_977..=1_980).contains(&sends), "{sends}");
+        // The catch-up is one burst of at most rate × quantum_min (+ the send due now).
+        assert!((10..=12).contains(&largest), "a burst of {largest}");
     }
 }

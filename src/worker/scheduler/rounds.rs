@@ -19,8 +19,9 @@ impl Scheduler {
     /// named (`wake`), at the latest the end of this round's quantum, and no sooner than
     /// `wake_slack` after `now`. Without the slack a thousand campaigns name a thousand
     /// instants a second and each costs a wake-up; with it one wake-up serves all that
-    /// fell due within it, and a late turn loses no permit ([`acquire_catching_up`]), so
-    /// sends keep their limiter's schedule, shifted by at most the slack.
+    /// fell due within it, and a turn up to `quantum_min` late loses no permit
+    /// ([`acquire_catching_up`]), so sends keep their limiter's schedule, shifted by at
+    /// most the slack.
     pub fn next_round_at(&self, now: Nanos, wake: Option<Nanos>) -> Nanos {
         let round_end = now + self.quantum().as_nanos() as Nanos;
         let earliest = now + self.config.wake_slack.as_nanos() as Nanos;
@@ -80,16 +81,8 @@ impl Scheduler {
             return wake;
         }
         let quantum_min = self.config.quantum_min.as_nanos() as Nanos;
-        let catch_up = self.config.catch_up.as_nanos() as Nanos;
         let c = self.campaigns[slot as usize].as_mut()?;
-        let grant = acquire_catching_up(
-            c.limiter.as_ref(),
-            want,
-            c.next_at,
-            now,
-            catch_up,
-            quantum_min,
-        );
+        let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, now, quantum_min);
         c.next_at = grant.next_at;
         if cut && grant.granted == want {
             // Room, not its limiter, held it below its share.
@@ -98,7 +91,7 @@ impl Scheduler {
         if let Some(t) = grant.next_at {
             self.counters
                 .limiter_waits
-                .record(t.saturating_sub(now) as f64 / NANOS_PER_SEC as f64);
+                .record((t - now) as f64 / NANOS_PER_SEC as f64);
             wake = Some(wake.map_or(t, |w| w.min(t)));
         }
         let left = self.send_due_retries(slot, grant.granted, now, unix_sec);

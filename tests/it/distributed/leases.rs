@@ -306,13 +306,12 @@ async fn leased_permits_take_the_campaigns_own_shape_but_window_algorithms_keep_
     }
 }
 
-/// A scheduler that stalled makes up the stall on Redis leases too, at most
-/// `quantum_min` of it a turn: the lease's own catch-up (a slot may be spent up to 10 ms
-/// late) is counted in, not added on top. Added on top, a 40 ms stall came out as 20 ms
-/// of slots at once (20 at 1,000/s), and three stalled workers could push a second at
-/// the provider 2% over.
+/// A scheduler that stalled makes up at most `quantum_min` of the stall on Redis leases
+/// too: the lease's own catch-up (a slot may be spent up to 10 ms late) is counted in,
+/// not added on top. Added on top, a 40 ms stall came out as 20 ms of slots at once (20
+/// at 1,000/s), and three stalled workers could push a second at the provider 2% over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stall_on_redis_leases_is_made_up_by_at_most_quantum_min_a_turn() {
+async fn a_stall_on_redis_leases_is_made_up_by_at_most_quantum_min() {
     const MS: Nanos = 1_000_000;
     let clock = Arc::new(MonotonicClock::new());
     let f = gcra_factory(format!("redis://{REDIS}"), 1, clock.clone()).await;
@@ -332,42 +331,28 @@ async fn a_stall_on_redis_leases_is_made_up_by_at_most_quantum_min_a_turn() {
         10 * MS,
         "slots are spent at their own times"
     );
-    let (catch_up, quantum_min) = (100 * MS, 10 * MS);
+    let quantum_min = 10 * MS;
     // Rounds on schedule for 300 ms, as the scheduler runs them.
     let (mut next_at, mut on_time) = (None, 0);
     let until = clock.now() + 300 * MS;
     while clock.now() < until {
-        let g = acquire_catching_up(&lim, 1000, next_at, clock.now(), catch_up, quantum_min);
+        let g = acquire_catching_up(&lim, 1000, next_at, clock.now(), quantum_min);
         (next_at, on_time) = (g.next_at, on_time + g.granted);
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    // Then 40 ms without a round (at least: a busy machine only makes it longer), then
-    // rounds back to back, as the scheduler runs them while a campaign is behind.
-    let stalled_at = clock.now();
+    // Then 40 ms without a round (at least: a busy machine only makes it longer).
     tokio::time::sleep(Duration::from_millis(40)).await;
-    let mut bursts = Vec::new();
-    while next_at.is_some_and(|t| t <= clock.now()) && bursts.len() < 20 {
-        let g = acquire_catching_up(&lim, 1000, next_at, clock.now(), catch_up, quantum_min);
-        next_at = g.next_at;
-        bursts.push(g.granted);
-    }
-    let caught_up = bursts.iter().sum::<u32>();
-    let took = clock.now() - stalled_at;
+    let after = acquire_catching_up(&lim, 1000, next_at, clock.now(), quantum_min);
     eprintln!(
-        "1,000/s on leases: {on_time} in 300 ms of rounds, then {bursts:?} after a 40 ms stall ({} ms)",
-        took / MS
+        "1,000/s on leases: {on_time} in 300 ms of rounds, then {} at once after a 40 ms stall",
+        after.granted
     );
     // 300 ms at 1,000/s, plus what the first round makes up.
     assert!((250..=312).contains(&on_time), "{on_time} in 300 ms");
-    // rate × quantum_min a turn, +1 for the slot due now.
+    // rate × quantum_min, +1 for the slot due now.
     assert!(
-        bursts.iter().all(|b| *b <= 11),
-        "a burst of more than 11 in {bursts:?}"
-    );
-    // The stall (and what the rounds themselves took) made up, none of it lost.
-    let due = took / MS;
-    assert!(
-        (40..=due + 2).contains(&u64::from(caught_up)),
-        "{caught_up} made up of about {due}"
+        (1..=11).contains(&after.granted),
+        "a burst of {} after the stall",
+        after.granted
     );
 }
