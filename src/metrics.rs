@@ -7,7 +7,7 @@
 //!   `stats_flushes_total`, `stats_flush_statements_total`;
 //! - [`sample`] (run by [`spawn_sampler`] and at every scrape), from the worker's
 //!   snapshots: `delivered_total`, `active_campaigns`, `buffered_jobs`, `buffered_devices`,
-//!   `parked_jobs`, `paused_partitions`;
+//!   `parked_jobs`, `parked_rereads_total`, `paused_partitions`;
 //! - [`render`], straight from the scheduler's snapshot: `sends_total{campaign,outcome}`
 //!   and `limiter_wait_seconds` (a histogram the scheduler keeps itself: one wait per
 //!   turn is too many for the facade's atomic buckets).
@@ -109,6 +109,11 @@ fn describe() {
         "Jobs left in Kafka behind their campaign's lookahead, to be re-read"
     );
     describe_gauge!("paused_partitions", "Partitions paused by backpressure");
+    metrics::describe_counter!(
+        "parked_rereads_total",
+        "Parked jobs read from Kafka again when handed over (their message was not kept \
+         in memory: past worker.max_parked_bytes)"
+    );
     describe_gauge!(
         "halted_campaigns",
         "Campaigns this worker holds that a provider's configuration error halted"
@@ -167,6 +172,7 @@ pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
     metrics::gauge!("buffered_jobs").set(consumer.buffered_jobs as f64);
     metrics::gauge!("buffered_devices").set(consumer.buffered_devices as f64);
     metrics::gauge!("parked_jobs").set(consumer.parked_jobs as f64);
+    metrics::counter!("parked_rereads_total").absolute(consumer.parked_rereads);
     metrics::gauge!("paused_partitions").set(consumer.paused_partitions.len() as f64);
     let halted = scheduler
         .campaigns

@@ -54,6 +54,8 @@ pub struct ConsumerStats {
     pub parked_jobs: usize,
     pub paused_partitions: Vec<i32>,
     pub jobs_received: u64,
+    /// Parked jobs read from Kafka again: their message was not kept in memory.
+    pub parked_rereads: u64,
     pub dead_letters: u64,
     pub commits: u64,
     /// Whether every partition is paused because a later stage has no room.

@@ -26,7 +26,10 @@ impl Loop {
             let (at, devices) = (parked.at, parked.devices);
             let fetched = match parked.message {
                 Some(m) => Ok(m),
-                None => self.refetcher.fetch(&self.topic, at),
+                None => {
+                    self.with_state(|s, _| s.stats.parked_rereads += 1);
+                    self.refetcher.fetch(&self.topic, at)
+                }
             };
             let span = tracing::info_span!(
                 "job",
