@@ -111,9 +111,14 @@ async fn paced_parked_offsets_are_re_read_and_keep_up_with_the_rate() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let rereads = worker.consumer_stats.borrow().parked_rereads;
     worker.shutdown().await.unwrap();
     let c = sink.campaign(&id).expect("campaign ran");
     assert_eq!(c.distinct_delivered, 8000, "every re-read job delivered");
+    assert!(
+        rereads >= max_parked as u64,
+        "{rereads} re-reads counted, {max_parked} jobs parked as offsets at once"
+    );
     assert_eq!(c.duplicates, 0);
     assert!(
         max_parked >= 30,
