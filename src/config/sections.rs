@@ -306,6 +306,9 @@ pub struct WorkerSettings {
     /// A timed round comes at least this long after the last: one wake-up serves every
     /// campaign due within it (0: a wake-up at each instant a limiter names).
     pub wake_slack_ms: u64,
+    /// A permit due this close to a wall-clock second's end leaves at the next second's
+    /// start, so that each second counts one 1-s window of permits (0: none held).
+    pub second_edge_ms: u64,
     pub stats_flush_ms: u64,
     pub drain_timeout_ms: u64,
     pub max_buffered_jobs: usize,

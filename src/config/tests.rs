@@ -84,6 +84,9 @@ fn invalid_values_name_the_key() {
     assert!(e.to_string().starts_with("worker.wake_slack_ms"), "{e}");
     assert!(load(&[], &["worker.wake_slack_ms=5"]).is_ok());
     assert!(load(&[], &["worker.wake_slack_ms=0"]).is_ok());
+    let e = load(&[], &["worker.second_edge_ms=6"]).unwrap_err();
+    assert!(e.to_string().starts_with("worker.second_edge_ms"), "{e}");
+    assert!(load(&[], &["worker.second_edge_ms=0"]).is_ok());
     for bad in ["0", "5001"] {
         let e = load(&[("PUSHPACE__KAFKA__FETCH_WAIT_MAX_MS", bad)], &[]).unwrap_err();
         assert_eq!(e.to_string(), "kafka.fetch_wait_max_ms: must be 1–5000");

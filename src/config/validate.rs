@@ -114,6 +114,13 @@ impl WorkerSettings {
                 "must be at most half of worker.quantum_min_ms",
             ));
         }
+        // Held permits are made up by the next turn, up to quantum_min late.
+        if w.second_edge_ms > w.quantum_min_ms / 2 {
+            return Err(invalid(
+                "worker.second_edge_ms",
+                "must be at most half of worker.quantum_min_ms",
+            ));
+        }
         if !(10..=60_000).contains(&w.stats_flush_ms) {
             return Err(invalid("worker.stats_flush_ms", "must be 10–60000"));
         }

@@ -332,6 +332,7 @@ fn build_scheduler(
             forget_after: Duration::from_millis(w.forget_idle_after_ms),
             visit_all_every: None,
             wake_slack: Duration::from_millis(w.wake_slack_ms),
+            second_edge: Duration::from_millis(w.second_edge_ms),
         },
         Arc::clone(providers),
         recorder,

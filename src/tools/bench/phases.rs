@@ -338,6 +338,7 @@ pub fn pacing_1000_figures(
         fast_campaign_seconds: fast_dist.campaign_seconds,
         fast_p50: fast_dist.p50,
         fast_p99: fast_dist.p99,
+        fast_over_1pct: fast_dist.over_1pct,
         slow_campaign_seconds: slow_seconds,
         slow_max_sends_off: slow_max_off,
     }
@@ -407,6 +408,7 @@ pub fn pacing_distribution(
         p99: pct(0.99),
         max: errors.last().copied().unwrap_or(0.0),
         max_over_rate: max_over,
+        over_1pct: errors.iter().filter(|&&e| e > 0.01).count(),
     }
 }
 

@@ -63,7 +63,7 @@ pub struct SimulateArgs {
     pub ceiling: bool,
     /// Run the scheduler itself with this many campaigns in issue 24's long-tailed mix
     /// instead (`pacing.rs`); with --total-rate, --seconds, --job-size, --lateness-ms,
-    /// --wake-slack-ms.
+    /// --wake-slack-ms, --second-edge-ms.
     #[arg(long)]
     pub campaigns: Option<usize>,
     /// With --campaigns: the summed rate of the mix.
@@ -81,6 +81,9 @@ pub struct SimulateArgs {
     /// With --campaigns: the scheduler's `worker.wake_slack_ms`.
     #[arg(long, default_value_t = crate::worker::scheduler::DEFAULT_WAKE_SLACK_MS)]
     pub wake_slack_ms: u64,
+    /// With --campaigns: the scheduler's `worker.second_edge_ms`.
+    #[arg(long, default_value_t = crate::worker::scheduler::DEFAULT_SECOND_EDGE_MS)]
+    pub second_edge_ms: u64,
     /// With --campaigns: the seed of the wake-ups' lateness.
     #[arg(long, default_value_t = 24)]
     pub seed: u64,
@@ -103,6 +106,7 @@ impl Default for SimulateArgs {
             job_size: 500,
             lateness_ms: 1.0,
             wake_slack_ms: crate::worker::scheduler::DEFAULT_WAKE_SLACK_MS,
+            second_edge_ms: crate::worker::scheduler::DEFAULT_SECOND_EDGE_MS,
             seed: 24,
         }
     }
@@ -380,6 +384,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             job_size: args.job_size.max(1),
             max_lateness: (args.lateness_ms.max(0.0) * 1e6) as Nanos,
             wake_slack: std::time::Duration::from_millis(args.wake_slack_ms),
+            second_edge: std::time::Duration::from_millis(args.second_edge_ms),
             seed: args.seed,
             ..pacing::PacingSim::default()
         };

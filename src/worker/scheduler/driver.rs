@@ -97,8 +97,13 @@ pub async fn run(
     let mut listed = (published, scheduler.shape_marker());
     loop {
         let now = time.now();
-        let sec = unix_now();
-        scheduler.set_wall(now, unix_ms() as i64);
+        // One reading for the round's second and where it ends.
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let sec = wall.as_secs();
+        scheduler.set_wall(now, wall.as_millis() as i64);
+        scheduler.set_second_edge(now, wall.as_nanos());
         let wake = scheduler.run_round(now, sec);
         scheduler.counters.round_nanos += time.now().saturating_sub(now);
         let marker = scheduler.change_marker();

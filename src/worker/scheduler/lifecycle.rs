@@ -55,6 +55,12 @@ impl Scheduler {
         self.wall = (now, unix_ms);
     }
 
+    /// Anchors the wall clock's seconds (`unix_nanos` at `now`) for the held part of
+    /// each second's end (`edge`); read with the round's second, from one clock reading.
+    pub fn set_second_edge(&mut self, now: Nanos, unix_nanos: u128) {
+        self.edge.set(now, unix_nanos);
+    }
+
     pub(super) fn unix_ms_at(&self, t: Nanos) -> i64 {
         let (at, ms) = self.wall;
         ms + (t as i64 - at as i64) / 1_000_000

@@ -40,6 +40,7 @@ mod answers;
 mod caps;
 mod driver;
 mod due;
+mod edge;
 mod jobs;
 mod lanes;
 mod lifecycle;
@@ -79,6 +80,11 @@ use tokio::sync::{mpsc, oneshot};
 /// gathers save is in docs/BENCHMARKS.md.
 pub const DEFAULT_WAKE_SLACK_MS: u64 = 2;
 
+/// The shipped `worker.second_edge_ms`: more than the slack plus the timer's usual
+/// lateness (up to 1 ms), so that a permit due before the held part leaves before the
+/// second ends; half of `quantum_min`, so that the held permits are made up in full.
+pub const DEFAULT_SECOND_EDGE_MS: u64 = 5;
+
 /// The scheduler's settings.
 #[derive(Clone)]
 pub struct SchedulerConfig {
@@ -105,6 +111,9 @@ pub struct SchedulerConfig {
     /// A timed round comes at least this long after the last one, so that one wake-up
     /// serves every campaign due within it ([`Scheduler::next_round_at`]).
     pub wake_slack: Duration,
+    /// A permit due this close to a wall-clock second's end leaves at the next second's
+    /// start, so that each second counts the permits of one 1-s window (`edge`).
+    pub second_edge: Duration,
 }
 
 /// The shipped defaults (config/base.toml) with in-process limiters and no global cap.
@@ -124,6 +133,7 @@ impl Default for SchedulerConfig {
             forget_after: Duration::from_secs(600),
             visit_all_every: None,
             wake_slack: Duration::from_millis(DEFAULT_WAKE_SLACK_MS),
+            second_edge: Duration::from_millis(DEFAULT_SECOND_EDGE_MS),
         }
     }
 }
@@ -140,6 +150,7 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("global_rate", &self.global_rate)
             .field("forget_after", &self.forget_after)
             .field("wake_slack", &self.wake_slack)
+            .field("second_edge", &self.second_edge)
             .finish_non_exhaustive()
     }
 }
@@ -274,6 +285,8 @@ pub struct Scheduler {
     cancelled_total: metrics::Counter,
     /// The wall clock at a monotonic instant: (now, unix ms), set by the driver.
     wall: (Nanos, i64),
+    /// Where wall-clock seconds end, and the held part of each.
+    edge: edge::SecondEdge,
     /// Active campaigns to visit next round (each once: `Campaign::ready`).
     ready: Vec<u32>,
     /// Campaigns cut below their share by a full pool or provider, longest waiting
@@ -297,6 +310,7 @@ impl Scheduler {
     ) -> Self {
         let providers: Arc<Providers> = providers.into();
         let quantum_min = config.quantum_min.as_nanos() as Nanos;
+        let second_edge = config.second_edge.as_nanos() as Nanos;
         let global = config
             .global_rate
             .map(|r| caps::cap_limiter(r, quantum_min));
@@ -349,6 +363,7 @@ impl Scheduler {
             expired_total: metrics::counter!("expired_total"),
             cancelled_total: metrics::counter!("cancelled_total"),
             wall: (0, 0),
+            edge: edge::SecondEdge::new(second_edge),
             ready: Vec::new(),
             room_waiters: VecDeque::new(),
             sleeping: BinaryHeap::new(),

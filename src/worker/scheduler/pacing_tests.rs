@@ -86,3 +86,77 @@ fn a_fast_campaign_keeps_its_rate_across_job_boundaries_among_many() {
         assert!(slow.iter().skip(1).all(|n| *n == 1), "slow{i}: {slow:?}");
     }
 }
+
+/// Drives rounds as the driver does, with the wall clock's seconds starting `offset`
+/// after the scheduler's 0: each round at the slack's instant, late by a seeded 0–1 ms
+/// (the timer's granularity). Returns each campaign's sends in every whole second.
+fn per_wall_second(s: &mut Scheduler, secs: u64, offset: Nanos) -> HashMap<String, Vec<u64>> {
+    let mut out: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut before: HashMap<String, u64> = HashMap::new();
+    // The scheduler's clock starts well past 0, as the worker's does.
+    const START: Nanos = 100 * SEC;
+    let wall = |now: Nanos| now - START + offset;
+    let (mut now, mut second, mut seed) = (START, offset / SEC, 0x9E37_79B9_7F4A_7C15u64);
+    while wall(now) < secs * SEC {
+        let sec = wall(now) / SEC;
+        if sec != second {
+            for c in s.stats().campaigns.iter() {
+                let was = before.insert(c.id.to_string(), c.sent).unwrap_or(0);
+                out.entry(c.id.to_string()).or_default().push(c.sent - was);
+            }
+            second = sec;
+        }
+        s.set_second_edge(now, u128::from(wall(now)));
+        let wake = s.run_round(now, sec);
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        now = s.next_round_at(now, wake).max(now) + 1 + seed % MS;
+    }
+    out
+}
+
+/// The sends of each whole second farthest from the rate, over campaigns at rates
+/// just above 100/s (one send there is 1%), with the second's held edge `edge_ms`.
+fn worst_second(edge_ms: u64) -> f64 {
+    let (completions, _) = mpsc::unbounded_channel();
+    let (events, _) = std::sync::mpsc::channel();
+    let mut s = Scheduler::new(
+        SchedulerConfig {
+            second_edge: Duration::from_millis(edge_ms),
+            ..SchedulerConfig::default()
+        },
+        AnySender::Null(NullSender),
+        StatsRecorder::new(),
+        completions,
+        events,
+    );
+    let rates = [100.001, 100.02, 100.3, 101.7, 150.2, 333.3];
+    for (i, &r) in rates.iter().enumerate() {
+        add(&mut s, &format!("c{i}"), r, 4, 1000);
+    }
+    // The first permits fall 1.5 ms before a second ends, within the slack plus the
+    // lateness: the last of each second follows them.
+    let seconds = per_wall_second(&mut s, 10, 998 * MS + MS / 2);
+    let mut worst: f64 = 0.0;
+    for (i, &r) in rates.iter().enumerate() {
+        let sent = &seconds[&format!("c{i}")];
+        // The first entry is the partial second of the start.
+        for &n in &sent[1..] {
+            worst = worst.max((n as f64 - r).abs());
+        }
+    }
+    worst
+}
+
+#[test]
+fn a_second_counts_its_rate_to_under_one_send_when_its_edge_is_held() {
+    // A permit due in the last 5 ms leaves at the next second's start: every second
+    // then holds the permits of one 1-s window, floor or ceiling of the rate.
+    let held = worst_second(5);
+    assert!(held < 1.0, "held edge: a second {held:.3} sends off");
+    // Without it, the same permits cross a second's end in some seconds and not in
+    // others (the slack and the lateness vary), and a second loses or gains one more.
+    let free = worst_second(0);
+    assert!(free >= 1.0, "no edge: at most {free:.3} sends off");
+}

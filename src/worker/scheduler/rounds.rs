@@ -81,14 +81,15 @@ impl Scheduler {
             return wake;
         }
         let quantum_min = self.config.quantum_min.as_nanos() as Nanos;
+        let horizon = self.edge.horizon(now);
         let c = self.campaigns[slot as usize].as_mut()?;
-        let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, now, quantum_min);
+        let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, horizon, quantum_min);
         c.next_at = grant.next_at;
         if cut && grant.granted == want {
             // Room, not its limiter, held it below its share.
             self.wait_for_room(slot);
         }
-        if let Some(t) = grant.next_at {
+        if let Some(t) = grant.next_at.map(|t| self.edge.release_at(t)) {
             self.counters
                 .limiter_waits
                 .record((t - now) as f64 / NANOS_PER_SEC as f64);
@@ -120,7 +121,7 @@ impl Scheduler {
             return Err(None);
         }
         if let Some(t) = c.next_at.filter(|&t| t > now) {
-            return Err(Some(t));
+            return Err(Some(self.edge.release_at(t)));
         }
         if let Some(until) = self.lane_paused(c.provider, now) {
             // The provider asked for a pause: nothing until then, in-flight sends finish.
