@@ -127,7 +127,7 @@ fn add_jobs(s: &mut Scheduler, sim: &PacingSim, rates: &[f64]) {
 pub fn run(sim: &PacingSim) -> PacingSimReport {
     let rates = long_tail_rates(sim.campaigns, sim.total_rate);
     let mut s = scheduler(sim);
-    s.set_wall(0, 1_700_000_000_000);
+    s.set_wall(0, u128::from(sim.second_offset) + WALL_EPOCH);
     add_jobs(&mut s, sim, &rates);
     let mut rng = Lcg(sim.seed.max(1));
     let mut sent_before: Vec<u64> = vec![0; rates.len()];
@@ -146,7 +146,7 @@ pub fn run(sim: &PacingSim) -> PacingSimReport {
             current = sec;
         }
         // The wall clock as the driver reads it: the round's second and where it ends.
-        s.set_second_edge(now, u128::from(now + sim.second_offset) + WALL_EPOCH);
+        s.set_wall(now, u128::from(now + sim.second_offset) + WALL_EPOCH);
         let t0 = std::time::Instant::now();
         let wake = s.run_round(now, sec as u64);
         in_rounds += t0.elapsed();

@@ -102,8 +102,7 @@ pub async fn run(
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         let sec = wall.as_secs();
-        scheduler.set_wall(now, wall.as_millis() as i64);
-        scheduler.set_second_edge(now, wall.as_nanos());
+        scheduler.set_wall(now, wall.as_nanos());
         let wake = scheduler.run_round(now, sec);
         scheduler.counters.round_nanos += time.now().saturating_sub(now);
         let marker = scheduler.change_marker();

@@ -37,10 +37,17 @@ impl SecondEdge {
     /// How far from its second's end `t` lies: (0, 1 s]; `None` without a clock.
     fn until_end(&self, t: Nanos) -> Option<Nanos> {
         let end = self.end?;
+        // A turn's instants lie within a second of the clock's reading: no division.
         let d = if end >= t {
-            (end - t) % NANOS_PER_SEC
+            match end - t {
+                d if d < NANOS_PER_SEC => d,
+                d => d % NANOS_PER_SEC,
+            }
         } else {
-            NANOS_PER_SEC - (t - end) % NANOS_PER_SEC
+            match t - end {
+                d if d < NANOS_PER_SEC => NANOS_PER_SEC - d,
+                d => NANOS_PER_SEC - d % NANOS_PER_SEC,
+            }
         };
         Some(if d == 0 { NANOS_PER_SEC } else { d })
     }

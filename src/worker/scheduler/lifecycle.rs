@@ -50,14 +50,11 @@ pub(super) struct JobEnd {
 }
 
 impl Scheduler {
-    /// Anchors the monotonic clock to the wall clock: `now` is `unix_ms`.
-    pub fn set_wall(&mut self, now: Nanos, unix_ms: i64) {
-        self.wall = (now, unix_ms);
-    }
-
-    /// Anchors the wall clock's seconds (`unix_nanos` at `now`) for the held part of
-    /// each second's end (`edge`); read with the round's second, from one clock reading.
-    pub fn set_second_edge(&mut self, now: Nanos, unix_nanos: u128) {
+    /// Anchors the monotonic clock to the wall clock, `unix_nanos` since the epoch at
+    /// `now`: for start and expiry times, and for where each second ends (`edge`). The
+    /// driver passes the reading it takes the round's second from.
+    pub fn set_wall(&mut self, now: Nanos, unix_nanos: u128) {
+        self.wall = (now, (unix_nanos / 1_000_000) as i64);
         self.edge.set(now, unix_nanos);
     }
 

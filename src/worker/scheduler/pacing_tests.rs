@@ -106,7 +106,7 @@ fn per_wall_second(s: &mut Scheduler, secs: u64, offset: Nanos) -> HashMap<Strin
             }
             second = sec;
         }
-        s.set_second_edge(now, u128::from(wall(now)));
+        s.set_wall(now, u128::from(wall(now)));
         let wake = s.run_round(now, sec);
         seed ^= seed << 13;
         seed ^= seed >> 7;
