@@ -45,15 +45,40 @@ pub fn acquire_catching_up(
 #[derive(Clone)]
 pub struct TimeBase {
     pub clock: Arc<dyn Clock>,
+    /// `None`: the system's wall clock. `Some(origin)`: the Unix time at the clock's 0,
+    /// for a virtual clock, whose seconds must end when its own time says (a second's
+    /// edge read off the real wall clock held permits at random virtual instants).
+    wall_origin: Option<Duration>,
 }
 
 impl TimeBase {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        Self { clock }
+        Self {
+            clock,
+            wall_origin: None,
+        }
+    }
+
+    /// A virtual clock whose 0 is the Unix time `origin`.
+    pub fn with_wall_origin(clock: Arc<dyn Clock>, origin: Duration) -> Self {
+        Self {
+            clock,
+            wall_origin: Some(origin),
+        }
     }
 
     pub fn now(&self) -> Nanos {
         self.clock.now()
+    }
+
+    /// Time since the Unix epoch when the clock read `now`.
+    pub fn wall(&self, now: Nanos) -> Duration {
+        match self.wall_origin {
+            Some(origin) => origin + Duration::from_nanos(now),
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+        }
     }
 
     /// The tokio instant at which the clock will read `t` (now, if it already does).
@@ -98,9 +123,7 @@ pub async fn run(
     loop {
         let now = time.now();
         // One reading for the round's second and where it ends.
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let wall = time.wall(now);
         let sec = wall.as_secs();
         scheduler.set_wall(now, wall.as_nanos());
         let wake = scheduler.run_round(now, sec);

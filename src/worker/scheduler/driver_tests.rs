@@ -92,7 +92,10 @@ async fn drive(config: SchedulerConfig, rates: &[f64], ppm: i64, secs: u64) -> S
     let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(run(
         s,
-        TimeBase::new(clock),
+        // Seconds end by the virtual clock, 0.65 s after its start: no run here stops
+        // (5 s, 29.7 s, 30.3 s by the clock) in a second's held edge, which would keep
+        // its last permits from the count.
+        TimeBase::with_wall_origin(clock, Duration::from_millis(1_700_000_000_350)),
         control,
         completions,
         stop.clone(),
