@@ -46,13 +46,13 @@ impl Scheduler {
     /// Moves the campaigns whose sleep ended by `now`, and on the net's schedule every
     /// active one, to the ready list.
     pub(super) fn wake_due(&mut self, now: Nanos) {
-        while let Some(&Reverse((t, slot))) = self.sleeping.peek() {
-            if t > now {
-                break;
-            }
-            self.sleeping.pop();
+        let mut woken = std::mem::take(&mut self.woken);
+        self.sleeping.drain_due(now, &mut woken);
+        for &slot in &woken {
             self.mark_ready(slot);
         }
+        woken.clear();
+        self.woken = woken;
         let every = self.visit_all_every();
         if now.saturating_sub(self.last_visit_all) >= every {
             self.last_visit_all = now;
@@ -130,7 +130,7 @@ impl Scheduler {
             // Its turn is now: an entry in the ready list is skipped this round.
             c.ready = false;
             if let Some(t) = self.turn(slot, share, now, unix_sec) {
-                self.sleeping.push(Reverse((t, slot)));
+                self.sleeping.push(t, slot);
             }
         }
     }
@@ -166,7 +166,7 @@ impl Scheduler {
                 continue;
             }
             if let Some(t) = self.turn(slot, share, now, unix_sec) {
-                self.sleeping.push(Reverse((t, slot)));
+                self.sleeping.push(t, slot);
             }
         }
         ready.clear();
@@ -176,7 +176,7 @@ impl Scheduler {
 
     /// The earliest instant a sleeping campaign named.
     pub(super) fn next_due(&self) -> Option<Nanos> {
-        self.sleeping.peek().map(|Reverse((t, _))| *t)
+        self.sleeping.next_due()
     }
 
     /// Summed send_rate of the active campaigns (cached until the active set or a

@@ -51,6 +51,7 @@ mod prefetch;
 mod registry;
 mod rounds;
 mod waits;
+mod wheel;
 
 pub use crate::limiter::factory::{LimiterFactory, LocalLimiters};
 pub use driver::{acquire_catching_up, run, TimeBase};
@@ -292,8 +293,10 @@ pub struct Scheduler {
     /// Campaigns cut below their share by a full pool or provider, longest waiting
     /// first: they take freed room before the ready list (`Campaign::waiting_room`).
     room_waiters: VecDeque<u32>,
-    /// Active campaigns asleep until an instant: (when, slot), soonest first.
-    sleeping: BinaryHeap<Reverse<(Nanos, u32)>>,
+    /// Active campaigns asleep until an instant.
+    sleeping: wheel::WakeWheel,
+    /// The slots a round's wake-up drain found due (kept for its capacity).
+    woken: Vec<u32>,
     /// When every active campaign was last visited (the net under a missed event).
     last_visit_all: Nanos,
     /// Summed send_rate of the active campaigns; `None`: to be summed again.
@@ -366,7 +369,8 @@ impl Scheduler {
             edge: edge::SecondEdge::new(second_edge),
             ready: Vec::new(),
             room_waiters: VecDeque::new(),
-            sleeping: BinaryHeap::new(),
+            sleeping: wheel::WakeWheel::default(),
+            woken: Vec::new(),
             last_visit_all: 0,
             rate_sum: std::cell::Cell::new(None),
         }
