@@ -469,7 +469,8 @@ impl Ctx {
             }
             None => (None, None),
         };
-        let (secs, sent, cpu) = timed?;
+        let t = timed?;
+        let sent = t.sent;
         let mut note = match phase {
             Phase::Null => "null sender".to_string(),
             Phase::Http1 => {
@@ -495,7 +496,7 @@ impl Ctx {
             server_statements_per_flush: server,
             peer_cpu_s_per_million: sink_cpu.map(|c| c / (sent as f64 / 1e6)),
             note,
-            ..PhaseResult::timed(name, total, (secs, sent, cpu))
+            ..PhaseResult::timed(name, total, t)
         })
     }
 

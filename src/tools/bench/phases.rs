@@ -225,7 +225,7 @@ impl Ctx {
         let limit = Duration::from_secs(seconds * 3 + 60);
         let timed = w.time_until(name, total, limit).await;
         let peak = w.stop().await;
-        let (secs, sent, cpu) = timed?;
+        let t = timed?;
         let pool = crate::store::connect(&self.database_url(db), 2, Duration::from_secs(5)).await?;
         let rows: Vec<(String, i64, i64)> = sqlx::query_as(
             "SELECT campaign_id, extract(epoch FROM second)::int8, sent FROM delivery_seconds ORDER BY campaign_id, second",
@@ -240,7 +240,7 @@ impl Ctx {
             .collect();
         let result = PhaseResult {
             peak_rss_mb: peak,
-            ..PhaseResult::timed(name, total, (secs, sent, cpu))
+            ..PhaseResult::timed(name, total, t)
         };
         Ok((result, rows, rate_of))
     }

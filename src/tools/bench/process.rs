@@ -29,6 +29,19 @@ pub(super) struct Sample {
     pub(super) rounds: f64,
     pub(super) turns: f64,
     pub(super) round_s: f64,
+    /// The machine's CPU ticks taken by the host (steal) and in all, from `/proc/stat`.
+    pub(super) host: HostTicks,
+}
+
+/// What a phase's timing window measured.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timed {
+    pub(super) secs: f64,
+    pub(super) sent: u64,
+    /// The worker's CPU seconds.
+    pub(super) cpu: f64,
+    /// Share of the machine's CPU time the host took (steal), if the kernel reports it.
+    pub(super) steal: Option<f64>,
 }
 
 /// How often `time_until` scrapes the worker before the last 5% of its sends.
@@ -57,6 +70,7 @@ impl WorkerProcess {
         let mut s = Sample {
             at: Some(at),
             cpu_s: cpu_seconds(self.pid()).unwrap_or(0.0),
+            host: host_ticks().unwrap_or_default(),
             ..Default::default()
         };
         for line in text.lines() {
@@ -83,20 +97,21 @@ impl WorkerProcess {
         Ok(s)
     }
 
-    /// Polls until `total` sends: (seconds from first send to last, sends timed, CPU s).
+    /// Polls until `total` sends: seconds from first send to last, sends timed, the
+    /// worker's CPU and the host's steal over them.
     pub(super) async fn time_until(
         &mut self,
         phase: &'static str,
         total: u64,
         limit: Duration,
-    ) -> Result<(f64, u64, f64), BenchError> {
+    ) -> Result<Timed, BenchError> {
         let deadline = Instant::now() + limit;
         let mut first: Option<Sample> = None;
         let mut last = Sample::default();
         // The send curve, for telling a slow start or tail from a slow middle.
         let started = Instant::now();
         let mut curve = String::from(
-            "seconds,sends,cpu_seconds,buffered_devices,parked_jobs,paused_partitions,rounds,turns,round_seconds\n",
+            "seconds,sends,cpu_seconds,buffered_devices,parked_jobs,paused_partitions,rounds,turns,round_seconds,host_steal_ticks\n",
         );
         let bar = progress_bar(total, phase);
         while Instant::now() < deadline {
@@ -112,7 +127,7 @@ impl WorkerProcess {
                 if let Some(at) = s.at {
                     let t = (at - started).as_secs_f64();
                     curve.push_str(&format!(
-                        "{t:.3},{},{:.3},{},{},{},{},{},{:.4}\n",
+                        "{t:.3},{},{:.3},{},{},{},{},{},{:.4},{}\n",
                         s.sends,
                         s.cpu_s,
                         s.buffered_devices,
@@ -120,7 +135,8 @@ impl WorkerProcess {
                         s.paused_partitions,
                         s.rounds,
                         s.turns,
-                        s.round_s
+                        s.round_s,
+                        s.host.steal
                     ));
                 }
                 if s.sends > 0 && first.is_none() {
@@ -155,8 +171,15 @@ impl WorkerProcess {
             (Some(a), Some(b)) => (b - a).as_secs_f64(),
             _ => 0.0,
         };
-        let sent = last.sends - first.sends;
-        Ok((secs.max(1e-3), sent, last.cpu_s - first.cpu_s))
+        let total_ticks = last.host.total.saturating_sub(first.host.total);
+        Ok(Timed {
+            secs: secs.max(1e-3),
+            sent: last.sends - first.sends,
+            cpu: last.cpu_s - first.cpu_s,
+            steal: (total_ticks > 0).then(|| {
+                last.host.steal.saturating_sub(first.host.steal) as f64 / total_ticks as f64
+            }),
+        })
     }
 
     /// SIGTERM, wait; returns the peak RSS in MB read just before.
@@ -210,6 +233,31 @@ pub(super) fn cpu_seconds(pid: u32) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Some((utime + stime) / ticks.max(1.0))
+}
+
+/// The machine's CPU ticks, all CPUs: stolen by the host, and in all.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct HostTicks {
+    pub(super) steal: u64,
+    pub(super) total: u64,
+}
+
+/// `/proc/stat`'s first line: user nice system idle iowait irq softirq steal ...
+pub(super) fn host_ticks() -> Option<HostTicks> {
+    parse_host_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_host_ticks(stat: &str) -> Option<HostTicks> {
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .take(8)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    Some(HostTicks {
+        steal: *ticks.get(7)?,
+        total: ticks.iter().sum(),
+    })
 }
 
 /// The peak resident set (VmHWM) of a process, in MB.
@@ -282,4 +330,20 @@ pub(super) fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ticks_are_read_from_the_machines_first_cpu_line() {
+        let stat = "cpu  348770 0 45457 238935 1846 0 9689 25242 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n";
+        let t = parse_host_ticks(stat).expect("parsed");
+        assert_eq!(t.steal, 25242);
+        assert_eq!(t.total, 348770 + 45457 + 238935 + 1846 + 9689 + 25242);
+        assert!(parse_host_ticks("cpu0 1 2 3\n").is_none());
+        let here = host_ticks().expect("this machine's /proc/stat");
+        assert!(here.total > 0 && here.steal <= here.total);
+    }
 }

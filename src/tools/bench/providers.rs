@@ -69,7 +69,8 @@ impl Ctx {
         let counts: Option<MockCounts> = std::fs::read(dir.join("counts.json"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
-        let (secs, sent, cpu) = timed?;
+        let t = timed?;
+        let sent = t.sent;
         let per_million = |s: f64| s / (sent as f64 / 1e6);
         let mut note = format!("{name} over TLS + HTTP/2 to a loopback mock process");
         if let Some(c) = counts {
@@ -85,7 +86,7 @@ impl Ctx {
             peak_rss_mb: peak,
             peer_cpu_s_per_million: mock_cpu.map(per_million),
             note,
-            ..PhaseResult::timed(name, total, (secs, sent, cpu))
+            ..PhaseResult::timed(name, total, t)
         })
     }
 

@@ -1,5 +1,6 @@
 //! The bench's results and the plain-text table.
 
+use super::process::Timed;
 use serde::Serialize;
 
 /// One phase's figures; fields that do not apply are `None`.
@@ -15,19 +16,22 @@ pub struct PhaseResult {
     pub server_statements_per_flush: Option<f64>,
     /// CPU of the process at the other end (sink or provider mock), s per 1M sends.
     pub peer_cpu_s_per_million: Option<f64>,
+    /// Share of the machine's CPU time its host took while the phase was timed: a
+    /// virtual machine waiting for its host runs late, whatever the worker does.
+    pub host_steal: Option<f64>,
     pub note: String,
 }
 
 impl PhaseResult {
-    /// A worker phase's figures from `time_until`: `sent` sends in `secs` seconds for
-    /// `cpu` seconds of the worker's CPU.
-    pub fn timed(phase: &str, devices: u64, (secs, sent, cpu): (f64, u64, f64)) -> PhaseResult {
+    /// A worker phase's figures from `time_until`.
+    pub(super) fn timed(phase: &str, devices: u64, t: Timed) -> PhaseResult {
         PhaseResult {
             phase: phase.into(),
             devices,
-            seconds: secs,
-            per_second: sent as f64 / secs,
-            cpu_s_per_million: Some(cpu / (sent as f64 / 1e6)),
+            seconds: t.secs,
+            per_second: t.sent as f64 / t.secs,
+            cpu_s_per_million: Some(t.cpu / (t.sent as f64 / 1e6)),
+            host_steal: t.steal,
             ..Default::default()
         }
     }
@@ -122,6 +126,7 @@ pub fn render_table(report: &BenchReport) -> String {
         ));
     }
     out.push_str(&provider_ratios(report));
+    out.push_str(&steal_line(report));
     if let Some(p) = &report.pacing {
         out.push_str(&format!(
             "pacing: {} campaigns summing to {:.0}/s, {} campaign-seconds: |achieved − rate| / rate p50 {:.2}% p99 {:.2}% max {:.2}%; largest second {:.3}× its rate\n",
@@ -138,6 +143,26 @@ pub fn render_table(report: &BenchReport) -> String {
         out.push_str(&pacing_1000_line(report, p));
     }
     out
+}
+
+/// How much of the machine's CPU time its host took in each timed phase. Above about 1%
+/// a phase's timing and CPU figures say more about the host than about the worker.
+fn steal_line(report: &BenchReport) -> String {
+    let parts: Vec<String> = report
+        .phases
+        .iter()
+        .filter_map(|r| {
+            r.host_steal
+                .map(|s| format!("{} {:.1}%", r.phase, s * 100.0))
+        })
+        .collect();
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!(
+        "host steal (the machine's CPU time its host took; above ~1% the timings are the host's): {}\n",
+        parts.join(", ")
+    )
 }
 
 /// Issue 24's targets for 1,000 campaigns, with the CPU ratio to the 100-campaign phase
