@@ -414,9 +414,12 @@ impl Ctx {
         for (k, v) in extra {
             cmd.env(k, v);
         }
+        // Its own process group, so that stopping it also stops a wrapper's worker.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let child = cmd.spawn()?;
         let w = WorkerProcess {
             child,
+            wrapped: !wrapper.trim().is_empty(),
             curve_path: self
                 .out_dir
                 .join(format!("{}-{phase}-sends.csv", self.run_id)),

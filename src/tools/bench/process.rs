@@ -13,6 +13,9 @@ pub(super) struct WorkerProcess {
     pub(super) http: reqwest::Client,
     /// Where `time_until` writes the send curve (CSV).
     pub(super) curve_path: std::path::PathBuf,
+    /// Started under `PUSHPACE_BENCH_WORKER_WRAPPER`: `child` is the wrapper (a profiler
+    /// that may fork the worker), and the worker is its child.
+    pub(super) wrapped: bool,
 }
 
 /// One poll of a worker process.
@@ -50,8 +53,17 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 const SAMPLE_NEAR_END: Duration = Duration::from_millis(20);
 
 impl WorkerProcess {
+    /// The worker's pid: the child's, or under a forking wrapper (`perf stat`, `perf
+    /// record`) the wrapper's first child, so that CPU and RSS are the worker's own.
     pub(super) fn pid(&self) -> u32 {
-        self.child.id()
+        let own = self.child.id();
+        if !self.wrapped {
+            return own;
+        }
+        std::fs::read_to_string(format!("/proc/{own}/task/{own}/children"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(own)
     }
 
     pub(super) async fn metrics(&self) -> Result<String, BenchError> {
@@ -182,19 +194,48 @@ impl WorkerProcess {
         })
     }
 
-    /// SIGTERM, wait; returns the peak RSS in MB read just before.
+    /// SIGTERM to the worker's process group (the worker, and its wrapper if any), wait
+    /// for all of it; returns the peak RSS in MB read just before.
     pub(super) async fn stop(&mut self) -> Option<f64> {
         let peak = peak_rss_mb(self.pid());
-        stop_child(&mut self.child).await;
+        stop_group(&mut self.child).await;
         peak
     }
 }
 
 impl Drop for WorkerProcess {
     fn drop(&mut self) {
+        signal_group(&self.child, libc::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends `signal` to the process group `child` leads (spawned with `process_group(0)`).
+fn signal_group(child: &Child, signal: libc::c_int) -> bool {
+    let pgid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) on the group this process created for its child.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+/// SIGTERM to the child's process group, then SIGKILL to whatever of it is left after
+/// 20 s. A wrapper that exits on SIGTERM without waiting for the worker it forked
+/// (`perf stat`) left the worker running beside the next phases; the group takes both.
+pub(super) async fn stop_group(child: &mut Child) {
+    signal_group(child, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut reaped = false;
+    while Instant::now() < deadline {
+        reaped = reaped || matches!(child.try_wait(), Ok(Some(_)));
+        // Signal 0 probes: the group is gone once no member is left.
+        if reaped && !signal_group(child, 0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal_group(child, libc::SIGKILL);
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// SIGTERM, then SIGKILL after 20 s.
@@ -345,5 +386,44 @@ mod tests {
         assert!(parse_host_ticks("cpu0 1 2 3\n").is_none());
         let here = host_ticks().expect("this machine's /proc/stat");
         assert!(here.total > 0 && here.steal <= here.total);
+    }
+
+    /// A process's state letter from `/proc/<pid>/stat`; `None` once it is reaped.
+    fn state(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 2..].chars().next()
+    }
+
+    /// A wrapper that forks the worker and dies on SIGTERM without passing it on: the
+    /// shell below stands in for `perf stat` (the last session's orphaned workers).
+    #[tokio::test]
+    async fn stopping_a_wrapped_worker_stops_the_worker_it_forked() {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "sleep 300 & wait"]);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut w = WorkerProcess {
+            child: cmd.spawn().expect("sh"),
+            metrics_url: String::new(),
+            http: reqwest::Client::new(),
+            curve_path: std::path::PathBuf::new(),
+            wrapped: true,
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let worker = loop {
+            let pid = w.pid();
+            if pid != w.child.id() {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "the wrapper forked nothing");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(state(worker), Some('S'), "the forked process sleeps");
+        w.stop().await;
+        // Killed: gone, or a zombie until whoever adopted it reaps it.
+        assert!(
+            matches!(state(worker), None | Some('Z')),
+            "the forked worker outlived the stop: {:?}",
+            state(worker)
+        );
     }
 }
