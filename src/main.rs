@@ -2,6 +2,9 @@
 
 // glibc malloc was about 17% of the worker's CPU per HTTP send in the profile (see
 // docs/BENCHMARKS.md, end to end); mimalloc's thread-local free lists cut that.
+// Its `no_thp` feature keeps mimalloc from asking for transparent huge pages: zeroing
+// 2 MiB at each first touch cost more CPU and memory than the huge pages saved
+// (docs/BENCHMARKS.md); `main` also opts out hosts where THP covers every mapping.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -139,6 +142,7 @@ struct ProduceArgs {
 }
 
 fn main() -> std::process::ExitCode {
+    no_huge_pages();
     let cli = Cli::parse();
     telemetry::init(cli.global.log_format, "info,sqlx=warn,rdkafka=warn");
     match real_main(cli) {
@@ -147,6 +151,16 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// Opts this process (and what it starts) out of transparent huge pages, which a host
+/// set to `always` would give every large mapping regardless of mimalloc's feature.
+fn no_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl with integer arguments changes only this process's THP flag.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }
 }
 

@@ -235,14 +235,19 @@ impl Backlog {
     /// its lookahead with nothing parked, or below [`LOW_WATER`] (at most the lookahead)
     /// of its sends held and parked. Reading that partition on is how it gets its next jobs.
     pub fn starving_in(&self, partition: i32) -> bool {
-        self.starving_partitions().contains(&partition)
+        self.starving_partitions(usize::MAX).contains(&partition)
     }
 
     /// The partitions [`starving_in`](Self::starving_in) holds for, in one pass over the
     /// campaigns: asking per partition costs partitions × campaigns at every consumer step.
-    pub fn starving_partitions(&self) -> Vec<i32> {
+    /// The pass ends once `at_most` are found (the assigned ones: no others can starve),
+    /// which at 1,000 campaigns is usually long before the last campaign.
+    pub fn starving_partitions(&self, at_most: usize) -> Vec<i32> {
         let mut out = Vec::new();
         for c in self.campaigns.values() {
+            if out.len() >= at_most {
+                break;
+            }
             let Some(p) = c.partition else { continue };
             if out.contains(&p) {
                 continue;
@@ -366,6 +371,11 @@ impl Backlog {
             c.held.retain(|h| !partitions.contains(&h.at.partition));
             c.parked.retain(|r| !partitions.contains(&r.at.partition));
             c.parked_devices = c.parked.iter().map(|p| u64::from(p.devices)).sum();
+            // Only assigned partitions may count as starving (see `starving_partitions`).
+            if c.partition.is_some_and(|p| partitions.contains(&p)) {
+                let last_parked = c.parked.back().map(|r| r.at.partition);
+                c.partition = last_parked.or(c.held.last().map(|h| h.at.partition));
+            }
         }
         self.parked_version += 1;
         self.parked_bytes = self

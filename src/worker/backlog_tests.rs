@@ -216,3 +216,28 @@ fn a_rate_change_moves_the_lookahead() {
     b.set_rate("a", 100.0);
     assert!(b.wants("a"), "500 < 10 s at 100/s");
 }
+
+#[test]
+fn a_revoked_partition_never_counts_and_the_pass_stops_at_the_assigned_count() {
+    let mut b = Backlog::new(Duration::from_secs(1));
+    let a: Arc<str> = Arc::from("a");
+    let c: Arc<str> = Arc::from("c");
+    // a: a job held in partition 1, its latest (nearly done) in partition 2.
+    let done = Arc::new(AtomicU32::new(0));
+    b.hold(&a, 100.0, at(1, 0), 10, done.clone());
+    b.hold(&a, 100.0, at(2, 0), 10, Arc::new(AtomicU32::new(0)));
+    // c: starving in partition 5.
+    b.hold(&c, 100.0, at(5, 0), 10, Arc::new(AtomicU32::new(0)));
+    let mut all = b.starving_partitions(usize::MAX);
+    all.sort_unstable();
+    assert_eq!(all, vec![2, 5]);
+    assert_eq!(b.starving_partitions(1).len(), 1, "stops at the bound");
+    b.forget_partitions(&[2]);
+    let mut left = b.starving_partitions(usize::MAX);
+    left.sort_unstable();
+    assert_eq!(
+        left,
+        vec![1, 5],
+        "a's place moves to the partition it still has a job in, never the revoked one"
+    );
+}

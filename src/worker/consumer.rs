@@ -204,6 +204,7 @@ pub fn spawn(
         pressed_since: None,
         rates_seen: None,
         bookkeeping: (Instant::now(), true),
+        unparked_at: Instant::now(),
     };
     let thread = std::thread::Builder::new()
         .name("kafka-consumer".into())
@@ -252,6 +253,8 @@ struct Loop {
     /// When the parking and pause decisions last ran, and whether a message was read
     /// since ([`BOOKKEEPING_EVERY`]).
     bookkeeping: (Instant, bool),
+    /// When parked jobs were last handed over ([`BOOKKEEPING_EVERY`] apart at most).
+    unparked_at: Instant,
 }
 
 impl Loop {
@@ -274,8 +277,12 @@ impl Loop {
             .is_some_and(|t| now.duration_since(t) >= PRESSURE_GRACE);
         let (last, read) = self.bookkeeping;
         if read || hold || now.duration_since(last) >= BOOKKEEPING_EVERY {
-            if !pressed {
+            // A read never makes a campaign run low, so unparking keeps its own pace:
+            // each try walks every campaign with parked jobs.
+            let unpark_due = now.duration_since(self.unparked_at) >= BOOKKEEPING_EVERY;
+            if !pressed && unpark_due {
                 self.unpark_due();
+                self.unparked_at = now;
             }
             self.adjust_pauses(hold);
             self.bookkeeping = (now, false);
