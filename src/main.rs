@@ -410,3 +410,18 @@ async fn produce(settings: &Settings, args: &ProduceArgs) -> anyhow::Result<()> 
     );
     Ok(())
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    /// The kernel's own view of the process after the opt-out (`/proc/self/status`).
+    #[test]
+    fn the_process_runs_without_transparent_huge_pages() {
+        super::no_huge_pages();
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("THP_enabled:"))
+            .expect("a kernel that reports THP_enabled");
+        assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+    }
+}

@@ -12,7 +12,7 @@
 //! This type is pure bookkeeping (no Kafka, no I/O), so its rules are unit-tested.
 
 use rdkafka::message::OwnedMessage;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -235,21 +235,23 @@ impl Backlog {
     /// its lookahead with nothing parked, or below [`LOW_WATER`] (at most the lookahead)
     /// of its sends held and parked. Reading that partition on is how it gets its next jobs.
     pub fn starving_in(&self, partition: i32) -> bool {
-        self.starving_partitions(usize::MAX).contains(&partition)
+        !self
+            .starving_partitions(&BTreeSet::from([partition]))
+            .is_empty()
     }
 
-    /// The partitions [`starving_in`](Self::starving_in) holds for, in one pass over the
-    /// campaigns: asking per partition costs partitions × campaigns at every consumer step.
-    /// The pass ends once `at_most` are found (the assigned ones: no others can starve),
+    /// Which of `among` (the assigned partitions) [`starving_in`](Self::starving_in)
+    /// holds for, in one pass over the campaigns: asking per partition costs partitions
+    /// × campaigns at every consumer step. The pass ends once all of `among` are found,
     /// which at 1,000 campaigns is usually long before the last campaign.
-    pub fn starving_partitions(&self, at_most: usize) -> Vec<i32> {
+    pub fn starving_partitions(&self, among: &BTreeSet<i32>) -> Vec<i32> {
         let mut out = Vec::new();
         for c in self.campaigns.values() {
-            if out.len() >= at_most {
+            if out.len() >= among.len() {
                 break;
             }
             let Some(p) = c.partition else { continue };
-            if out.contains(&p) {
+            if !among.contains(&p) || out.contains(&p) {
                 continue;
             }
             let left = c.remaining();
@@ -371,7 +373,7 @@ impl Backlog {
             c.held.retain(|h| !partitions.contains(&h.at.partition));
             c.parked.retain(|r| !partitions.contains(&r.at.partition));
             c.parked_devices = c.parked.iter().map(|p| u64::from(p.devices)).sum();
-            // Only assigned partitions may count as starving (see `starving_partitions`).
+            // Where its next job probably is now: a partition it still reads.
             if c.partition.is_some_and(|p| partitions.contains(&p)) {
                 let last_parked = c.parked.back().map(|r| r.at.partition);
                 c.partition = last_parked.or(c.held.last().map(|h| h.at.partition));

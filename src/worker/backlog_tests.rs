@@ -218,22 +218,26 @@ fn a_rate_change_moves_the_lookahead() {
 }
 
 #[test]
-fn a_revoked_partition_never_counts_and_the_pass_stops_at_the_assigned_count() {
+fn only_assigned_partitions_count_and_a_revoked_one_hands_its_campaigns_on() {
     let mut b = Backlog::new(Duration::from_secs(1));
     let a: Arc<str> = Arc::from("a");
     let c: Arc<str> = Arc::from("c");
     // a: a job held in partition 1, its latest (nearly done) in partition 2.
-    let done = Arc::new(AtomicU32::new(0));
-    b.hold(&a, 100.0, at(1, 0), 10, done.clone());
+    b.hold(&a, 100.0, at(1, 0), 10, Arc::new(AtomicU32::new(0)));
     b.hold(&a, 100.0, at(2, 0), 10, Arc::new(AtomicU32::new(0)));
     // c: starving in partition 5.
     b.hold(&c, 100.0, at(5, 0), 10, Arc::new(AtomicU32::new(0)));
-    let mut all = b.starving_partitions(usize::MAX);
+    let assigned = BTreeSet::from([1, 2, 5]);
+    let mut all = b.starving_partitions(&assigned);
     all.sort_unstable();
     assert_eq!(all, vec![2, 5]);
-    assert_eq!(b.starving_partitions(1).len(), 1, "stops at the bound");
+    assert_eq!(
+        b.starving_partitions(&BTreeSet::from([5])),
+        vec![5],
+        "a partition not asked about never counts"
+    );
     b.forget_partitions(&[2]);
-    let mut left = b.starving_partitions(usize::MAX);
+    let mut left = b.starving_partitions(&BTreeSet::from([1, 5]));
     left.sort_unstable();
     assert_eq!(
         left,

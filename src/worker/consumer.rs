@@ -253,7 +253,7 @@ struct Loop {
     /// When the parking and pause decisions last ran, and whether a message was read
     /// since ([`BOOKKEEPING_EVERY`]).
     bookkeeping: (Instant, bool),
-    /// When parked jobs were last handed over ([`BOOKKEEPING_EVERY`] apart at most).
+    /// When parked jobs were last handed over (at least [`BOOKKEEPING_EVERY`] apart).
     unparked_at: Instant,
 }
 

@@ -98,7 +98,7 @@ impl Loop {
             // Where a campaign starves matters only above ¾ of the byte budget (below it
             // no partition is held for memory), and finding out walks every campaign.
             let starving_in = if bytes > max_bytes / 4 * 3 {
-                s.backlog.starving_partitions(s.assigned.len())
+                s.backlog.starving_partitions(&s.assigned)
             } else {
                 Vec::new()
             };
