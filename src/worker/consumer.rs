@@ -109,10 +109,11 @@ const MAX_PENDING: usize = 32;
 /// shorter than the group's poll interval.
 const PRESSURE_GRACE: Duration = Duration::from_millis(200);
 
-/// How long the parking and pause decisions may wait between steps that read nothing.
-/// Each walks every campaign, and a busy loop steps every millisecond; a campaign's
-/// lookahead is seconds of its sends, so 5 ms late to unpark costs it nothing. After a
-/// read they run at the next step, so a partition is paused before the next message.
+/// How long the parking and pause decisions and the published stats may wait. Each
+/// walks every campaign, and a busy loop steps every millisecond (at a start, once per
+/// message read); a campaign's lookahead is seconds of its sends, so 5 ms late to unpark
+/// or resume costs it nothing. After a read the partition read is judged at the next
+/// step ([`Loop::pause_after_read`]), so it is paused before its next message.
 const BOOKKEEPING_EVERY: Duration = Duration::from_millis(5);
 
 /// How long a failed re-read of a parked job waits before that campaign tries again.
@@ -203,7 +204,8 @@ pub fn spawn(
         providers: params.providers,
         pressed_since: None,
         rates_seen: None,
-        bookkeeping: (Instant::now(), true),
+        bookkeeping: (Instant::now(), None),
+        starving: Vec::new(),
         unparked_at: Instant::now(),
     };
     let thread = std::thread::Builder::new()
@@ -250,9 +252,12 @@ struct Loop {
     pressed_since: Option<Instant>,
     /// The scheduler's `rate_changes` as of the last walk of its rates.
     rates_seen: Option<u64>,
-    /// When the parking and pause decisions last ran, and whether a message was read
-    /// since ([`BOOKKEEPING_EVERY`]).
-    bookkeeping: (Instant, bool),
+    /// When the parking and pause decisions (and the published stats) last ran, and the
+    /// partition of a message read since, whose pause is judged at the next step
+    /// ([`BOOKKEEPING_EVERY`]).
+    bookkeeping: (Instant, Option<i32>),
+    /// The partitions where a campaign starved at the last whole pause pass.
+    starving: Vec<i32>,
     /// When parked jobs were last handed over (at least [`BOOKKEEPING_EVERY`] apart).
     unparked_at: Instant,
 }
@@ -276,7 +281,7 @@ impl Loop {
             .pressed_since
             .is_some_and(|t| now.duration_since(t) >= PRESSURE_GRACE);
         let (last, read) = self.bookkeeping;
-        if read || hold || now.duration_since(last) >= BOOKKEEPING_EVERY {
+        if hold || now.duration_since(last) >= BOOKKEEPING_EVERY {
             // A read never makes a campaign run low, so unparking keeps its own pace:
             // each try walks every campaign with parked jobs.
             let unpark_due = now.duration_since(self.unparked_at) >= BOOKKEEPING_EVERY;
@@ -285,12 +290,22 @@ impl Loop {
                 self.unparked_at = now;
             }
             self.adjust_pauses(hold);
-            self.bookkeeping = (now, false);
+            self.publish_stats(hold);
+            self.bookkeeping = (now, None);
+        } else if let Some(partition) = read {
+            self.pause_after_read(partition);
+            self.bookkeeping.1 = None;
         }
-        self.publish_stats(hold);
-        // Lookups come back within milliseconds: do not sleep 50 ms on them.
+        // Lookups come back within milliseconds: do not sleep 50 ms on them, nor on the
+        // bookkeeping after a read.
         let busy = self.with_state(|s, _| !s.pending.is_empty() || !s.ready.is_empty());
-        let wait = Duration::from_millis(if busy { 1 } else { 50 });
+        let wait = if busy {
+            Duration::from_millis(1)
+        } else if self.bookkeeping.0.elapsed() < BOOKKEEPING_EVERY && read.is_some() {
+            BOOKKEEPING_EVERY
+        } else {
+            Duration::from_millis(50)
+        };
         match self.consumer.poll(wait) {
             None => {}
             Some(Err(e)) => {
@@ -299,7 +314,7 @@ impl Loop {
             Some(Ok(msg)) => {
                 let (partition, offset) = (msg.partition(), msg.offset());
                 self.handle(&msg, partition, offset);
-                self.bookkeeping.1 = true;
+                self.bookkeeping.1 = Some(partition);
             }
         }
     }

@@ -177,6 +177,11 @@ pub struct BenchArgs {
     /// Keep the bench databases afterwards (topics are always kept).
     #[arg(long)]
     pub keep: bool,
+    /// Runs the phases this many times over, in turn, each on a topic and database of
+    /// its own: a machine whose speed drifts then shows it in the spread, and a ratio
+    /// between phases is read from neighbours (median over the rounds).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
 }
 
 /// Runs the harness; prints the table and returns the report.
@@ -215,13 +220,17 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
     } else {
         None
     };
-    for phase in phases {
-        eprintln!("[bench] phase {}", phase.name());
-        let result = ctx
-            .run_phase(phase, plan.as_ref(), args, &mut databases, &mut report)
-            .await?;
-        eprintln!("[bench] {}", report::one_line(&result));
-        report.phases.push(result);
+    for round in 1..=args.rounds {
+        let ctx = ctx.round(round);
+        for &phase in &phases {
+            eprintln!("[bench] phase {} (round {round})", phase.name());
+            let mut result = ctx
+                .run_phase(phase, plan.as_ref(), args, &mut databases, &mut report)
+                .await?;
+            result.round = round;
+            eprintln!("[bench] {}", report::one_line(&result));
+            report.phases.push(result);
+        }
     }
     let rate_of = |name: &str| {
         report
@@ -302,7 +311,7 @@ impl Ctx {
             Phase::Pacing => {
                 let db = database("pacing");
                 let (r, pacing) = self.pacing(&self.topic("pacing"), &db, args).await?;
-                report.pacing = Some(pacing);
+                report.pacing.push(pacing);
                 r
             }
             Phase::Pacing1000 => {
@@ -310,13 +319,14 @@ impl Ctx {
                 let (r, pacing) = self
                     .pacing_1000(&self.topic("pacing_1000"), &db, args)
                     .await?;
-                report.pacing_1000 = Some(pacing);
+                report.pacing_1000.push(pacing);
                 r
             }
         })
     }
 }
 
+#[derive(Clone)]
 struct Ctx {
     settings: Settings,
     run_id: String,
@@ -326,6 +336,16 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// The context of round `n` (1-based): after the first, its topics, databases,
+    /// groups and files carry the round in their names.
+    fn round(&self, n: u32) -> Ctx {
+        let mut ctx = self.clone();
+        if n > 1 {
+            ctx.run_id = format!("{}r{n}", self.run_id);
+        }
+        ctx
+    }
+
     fn topic(&self, what: &str) -> String {
         format!("pushpace.bench.{}.{what}", self.run_id)
     }

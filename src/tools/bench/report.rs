@@ -19,6 +19,8 @@ pub struct PhaseResult {
     /// Share of the machine's CPU time its host took while the phase was timed: a
     /// virtual machine waiting for its host runs late, whatever the worker does.
     pub host_steal: Option<f64>,
+    /// Which of `--rounds` it ran in (1-based).
+    pub round: u32,
     pub note: String,
 }
 
@@ -73,8 +75,9 @@ pub struct BenchReport {
     pub run_id: String,
     pub cores: usize,
     pub phases: Vec<PhaseResult>,
-    pub pacing: Option<PacingResult>,
-    pub pacing_1000: Option<Pacing1000Result>,
+    /// One per round, in order.
+    pub pacing: Vec<PacingResult>,
+    pub pacing_1000: Vec<Pacing1000Result>,
     pub null_over_consumer: Option<f64>,
     /// `http1` (hyper connections) over `http1-reqwest`, sends per second.
     pub http1_over_reqwest: Option<f64>,
@@ -103,9 +106,14 @@ pub fn render_table(report: &BenchReport) -> String {
         "stmt/flush"
     );
     for r in &report.phases {
+        let name = if r.round > 1 {
+            format!("{} #{}", r.phase, r.round)
+        } else {
+            r.phase.clone()
+        };
         out.push_str(&format!(
             "{:<13} {:>10} {:>8.2} {:>12.0} {:>12} {:>9} {:>11}  {}\n",
-            r.phase,
+            name,
             r.devices,
             r.seconds,
             r.per_second,
@@ -127,7 +135,7 @@ pub fn render_table(report: &BenchReport) -> String {
     }
     out.push_str(&provider_ratios(report));
     out.push_str(&steal_line(report));
-    if let Some(p) = &report.pacing {
+    for p in &report.pacing {
         out.push_str(&format!(
             "pacing: {} campaigns summing to {:.0}/s, {} campaign-seconds: |achieved − rate| / rate p50 {:.2}% p99 {:.2}% max {:.2}%; largest second {:.3}× its rate\n",
             p.campaigns,
@@ -139,9 +147,11 @@ pub fn render_table(report: &BenchReport) -> String {
             p.max_over_rate
         ));
     }
-    if let Some(p) = &report.pacing_1000 {
-        out.push_str(&pacing_1000_line(report, p));
+    let ratios = cpu_ratios(report);
+    for (i, p) in report.pacing_1000.iter().enumerate() {
+        out.push_str(&pacing_1000_line(p, ratios.get(i).copied().flatten()));
     }
+    out.push_str(&ratio_summary(&ratios));
     out
 }
 
@@ -165,19 +175,54 @@ fn steal_line(report: &BenchReport) -> String {
     )
 }
 
-/// Issue 24's targets for 1,000 campaigns, with the CPU ratio to the 100-campaign phase
-/// of the same run.
-fn pacing_1000_line(report: &BenchReport, p: &Pacing1000Result) -> String {
-    let cpu = |name: &str| {
+/// Each round's CPU per send of `pacing-1000` over its `pacing` phase, in round order
+/// (`None` for a round without both).
+fn cpu_ratios(report: &BenchReport) -> Vec<Option<f64>> {
+    let cpu = |name: &str, round: u32| {
         report
             .phases
             .iter()
-            .find(|r| r.phase == name)
+            .find(|r| r.phase == name && r.round == round)
             .and_then(|r| r.cpu_s_per_million)
     };
-    let ratio = match (cpu("pacing-1000"), cpu("pacing")) {
-        (Some(a), Some(b)) => format!("{:.2}× the 100-campaign phase (target ≤ 1.5×)", a / b),
-        _ => "no 100-campaign phase in this run to compare with".into(),
+    let rounds = report.phases.iter().map(|r| r.round).max().unwrap_or(0);
+    (1..=rounds)
+        .filter(|&n| {
+            report
+                .phases
+                .iter()
+                .any(|r| r.round == n && r.phase == "pacing-1000")
+        })
+        .map(|n| Some(cpu("pacing-1000", n)? / cpu("pacing", n)?))
+        .collect()
+}
+
+/// Over more than one round: every round's CPU ratio and their median.
+fn ratio_summary(ratios: &[Option<f64>]) -> String {
+    let mut known: Vec<f64> = ratios.iter().flatten().copied().collect();
+    if known.len() < 2 {
+        return String::new();
+    }
+    let each: Vec<String> = known.iter().map(|r| format!("{r:.2}×")).collect();
+    known.sort_by(f64::total_cmp);
+    let mid = known.len() / 2;
+    let median = if known.len() % 2 == 0 {
+        (known[mid - 1] + known[mid]) / 2.0
+    } else {
+        known[mid]
+    };
+    format!(
+        "pacing-1000 / pacing, CPU per send by round: {}; median {median:.2}× (target ≤ 1.5×)\n",
+        each.join(", ")
+    )
+}
+
+/// Issue 24's targets for 1,000 campaigns, with the CPU ratio to the 100-campaign phase
+/// of the same round.
+fn pacing_1000_line(p: &Pacing1000Result, ratio: Option<f64>) -> String {
+    let ratio = match ratio {
+        Some(r) => format!("{r:.2}× the 100-campaign phase (target ≤ 1.5×)"),
+        None => "no 100-campaign phase in this round to compare with".into(),
     };
     format!(
         "pacing-1000: {} campaigns summing to {:.0}/s; ≥ 100/s: {} campaign-seconds, p50 {:.2}% p99 {:.2}% (target ≤ 1%), {} off by more than 1%; < 100/s: {} campaign-seconds, at most {:.0} send(s) off (target ≤ 1); CPU per send {ratio}\n",
@@ -219,4 +264,51 @@ fn provider_ratios(report: &BenchReport) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phase(name: &str, round: u32, cpu: f64) -> PhaseResult {
+        PhaseResult {
+            phase: name.into(),
+            round,
+            cpu_s_per_million: Some(cpu),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_rounds_ratio_is_read_from_its_own_phases_and_the_median_is_given() {
+        let report = BenchReport {
+            phases: vec![
+                phase("pacing", 1, 1.0),
+                phase("pacing-1000", 1, 1.6),
+                phase("pacing", 2, 0.8),
+                phase("pacing-1000", 2, 1.12),
+                phase("pacing", 3, 1.0),
+                phase("pacing-1000", 3, 1.5),
+            ],
+            ..Default::default()
+        };
+        let ratios: Vec<f64> = cpu_ratios(&report).into_iter().flatten().collect();
+        assert_eq!(ratios.len(), 3);
+        for (got, want) in ratios.iter().zip([1.6, 1.4, 1.5]) {
+            assert!((got - want).abs() < 1e-9, "{got} against {want}");
+        }
+        let line = ratio_summary(&cpu_ratios(&report));
+        assert!(line.contains("1.60×, 1.40×, 1.50×"), "{line}");
+        assert!(line.contains("median 1.50×"), "{line}");
+    }
+
+    #[test]
+    fn a_round_without_its_baseline_has_no_ratio_and_one_round_no_summary() {
+        let report = BenchReport {
+            phases: vec![phase("pacing-1000", 1, 1.6)],
+            ..Default::default()
+        };
+        assert_eq!(cpu_ratios(&report), vec![None]);
+        assert_eq!(ratio_summary(&cpu_ratios(&report)), "");
+    }
 }

@@ -82,11 +82,10 @@ impl Loop {
     /// instead of being re-read from Kafka one by one. Under `pressure` every partition
     /// is paused.
     pub(super) fn adjust_pauses(&mut self, pressure: bool) {
-        let n = self.with_state(|s, _| s.load.len().max(s.assigned.len()).max(1));
-        let share = (self.max_parked / n).max(1);
+        let share = self.parked_share();
         let max_bytes = self.max_parked_bytes;
         let topic = self.topic.clone();
-        self.with_state(|s, c| {
+        let starving = self.with_state(|s, c| {
             let evicted = s.backlog.evict_hog(max_bytes);
             if evicted > 0 {
                 tracing::info!(evicted, "one campaign filled the parked-bytes budget; its newest parked jobs will be re-read");
@@ -94,38 +93,95 @@ impl Loop {
             for p in s.assigned.iter() {
                 s.load.entry(*p).or_default();
             }
-            let bytes = s.backlog.parked_bytes();
             // Where a campaign starves matters only above ¾ of the byte budget (below it
             // no partition is held for memory), and finding out walks every campaign.
-            let starving_in = if bytes > max_bytes / 4 * 3 {
+            let starving_in = if s.backlog.parked_bytes() > max_bytes / 4 * 3 {
                 s.backlog.starving_partitions(&s.assigned)
             } else {
                 Vec::new()
             };
-            for (p, l) in s.load.iter_mut() {
-                let parked = s.backlog.parked_in(*p);
-                let starving = starving_in.contains(p);
-                let too_many = parked >= share;
-                // A zero budget keeps nothing in memory: only offsets, no memory pause.
-                let memory_full = max_bytes > 0 && bytes >= max_bytes && !starving;
-                if too_many || memory_full {
-                    l.backlog_pause = true;
-                } else if parked <= share / 2 && (bytes <= max_bytes / 4 * 3 || starving) {
-                    l.backlog_pause = false;
-                }
-                let want = l.backlog_pause || pressure;
-                if want == l.paused || !s.assigned.contains(p) {
-                    continue;
-                }
-                // Built only to pause or resume: a partition list is two C allocations.
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition(&topic, *p);
-                let done = if want { c.pause(&tpl) } else { c.resume(&tpl) };
-                if done.is_ok() {
-                    l.paused = want;
-                    tracing::debug!(partition = p, paused = want, parked, pressure, "partition pause changed");
-                }
+            let partitions: Vec<i32> = s.load.keys().copied().collect();
+            for p in partitions {
+                let starving = starving_in.contains(&p);
+                pause_for_backlog(s, c, &topic, p, share, max_bytes, starving, pressure);
             }
+            starving_in
         });
+        self.starving = starving;
+    }
+
+    /// After a message from `partition` was read: whether its backlog now pauses it,
+    /// judged for that partition alone (a read changes only its parked count and the
+    /// parked bytes), with the starving partitions of the last whole pass. So a
+    /// partition stops at its share before its next message, without a walk over every
+    /// campaign per message (at 1,000 campaigns' start, a tenth of the intake's CPU).
+    pub(super) fn pause_after_read(&mut self, partition: i32) {
+        let share = self.parked_share();
+        let max_bytes = self.max_parked_bytes;
+        let starving = self.starving.contains(&partition);
+        self.with_state(|s, c| {
+            pause_for_backlog(
+                s,
+                c,
+                &self.topic,
+                partition,
+                share,
+                max_bytes,
+                starving,
+                false,
+            );
+        });
+    }
+
+    /// A partition's share of `max_parked_jobs`.
+    fn parked_share(&self) -> usize {
+        let n = self.with_state(|s, _| s.load.len().max(s.assigned.len()).max(1));
+        (self.max_parked / n).max(1)
+    }
+}
+
+/// Sets `partition`'s backlog pause from its parked jobs and the parked bytes, and
+/// pauses or resumes it in librdkafka when that (or `pressure`) changed what it wants.
+#[allow(clippy::too_many_arguments)]
+fn pause_for_backlog(
+    s: &mut State,
+    c: &BaseConsumer<Ctx>,
+    topic: &str,
+    partition: i32,
+    share: usize,
+    max_bytes: usize,
+    starving: bool,
+    pressure: bool,
+) {
+    let bytes = s.backlog.parked_bytes();
+    let parked = s.backlog.parked_in(partition);
+    let Some(l) = s.load.get_mut(&partition) else {
+        return;
+    };
+    let too_many = parked >= share;
+    // A zero budget keeps nothing in memory: only offsets, no memory pause.
+    let memory_full = max_bytes > 0 && bytes >= max_bytes && !starving;
+    if too_many || memory_full {
+        l.backlog_pause = true;
+    } else if parked <= share / 2 && (bytes <= max_bytes / 4 * 3 || starving) {
+        l.backlog_pause = false;
+    }
+    let want = l.backlog_pause || pressure;
+    if want == l.paused || !s.assigned.contains(&partition) {
+        return;
+    }
+    // Built only to pause or resume: a partition list is two C allocations.
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let done = if want { c.pause(&tpl) } else { c.resume(&tpl) };
+    if done.is_ok() {
+        l.paused = want;
+        tracing::debug!(
+            partition,
+            paused = want,
+            parked,
+            pressure,
+            "partition pause changed"
+        );
     }
 }

@@ -136,9 +136,10 @@ const MAX_PARKED_JOBS: usize = 100;
 /// A partition's share of it: `adjust_pauses` (consumer.rs) divides it by the partitions
 /// assigned, two here.
 const PARKED_SHARE: usize = MAX_PARKED_JOBS / 2;
-/// The most parked jobs a paused partition can show: exactly its share. Each loop step of
-/// the consumer runs `adjust_pauses` before it polls one message, so a message is parked
-/// only when the count was under the share at that step's check. librdkafka's prefetch
+/// The most parked jobs a paused partition can show: exactly its share. The step after
+/// each read judges the partition read (`pause_after_read`, consumer/parking.rs) before
+/// the loop polls again, so a message is parked only when the count was under the share
+/// at that check. librdkafka's prefetch
 /// (up to `queued.max.messages.kbytes` = 8 MiB, hundreds of these small jobs) adds
 /// nothing: pausing raises the partition's version barrier at once, and `poll` drops the
 /// messages fetched before it (rdkafka_partition.c `rd_kafka_toppar_op_pause_resume`,
