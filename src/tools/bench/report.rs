@@ -94,7 +94,7 @@ pub(super) fn one_line(r: &PhaseResult) -> String {
 pub fn render_table(report: &BenchReport) -> String {
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
     let mut out = format!(
-        "\npushpace bench {} ({} cores)\n{:<13} {:>10} {:>8} {:>12} {:>12} {:>9} {:>11}  note\n",
+        "\npushpace bench {} ({} cores)\n{:<16} {:>10} {:>8} {:>12} {:>12} {:>9} {:>11}  note\n",
         report.run_id,
         report.cores,
         "phase",
@@ -112,7 +112,7 @@ pub fn render_table(report: &BenchReport) -> String {
             r.phase.clone()
         };
         out.push_str(&format!(
-            "{:<13} {:>10} {:>8.2} {:>12.0} {:>12} {:>9} {:>11}  {}\n",
+            "{:<16} {:>10} {:>8.2} {:>12.0} {:>12} {:>9} {:>11}  {}\n",
             name,
             r.devices,
             r.seconds,
