@@ -133,17 +133,17 @@ async fn paced_parked_offsets_are_re_read_and_keep_up_with_the_rate() {
 
 /// `worker.max_parked_jobs` in the pause tests below.
 const MAX_PARKED_JOBS: usize = 100;
-/// A partition's share of it: `adjust_pauses` (consumer.rs) divides it by the partitions
-/// assigned, two here.
+/// A partition's share of it: `parked_share` (consumer/parking.rs) divides it by the
+/// partitions assigned, two here.
 const PARKED_SHARE: usize = MAX_PARKED_JOBS / 2;
 /// The most parked jobs a paused partition can show: exactly its share. The step after
 /// each read judges the partition read (`pause_after_read`, consumer/parking.rs) before
 /// the loop polls again, so a message is parked only when the count was under the share
-/// at that check. librdkafka's prefetch
-/// (up to `queued.max.messages.kbytes` = 8 MiB, hundreds of these small jobs) adds
-/// nothing: pausing raises the partition's version barrier at once, and `poll` drops the
-/// messages fetched before it (rdkafka_partition.c `rd_kafka_toppar_op_pause_resume`,
-/// rdkafka_queue.c `rd_kafka_op_filter`); resuming fetches again from the next offset.
+/// at that check. librdkafka's prefetch (up to `queued.max.messages.kbytes` = 8 MiB,
+/// hundreds of these small jobs) adds nothing: pausing raises the partition's version
+/// barrier at once, and `poll` drops the messages fetched before it (rdkafka_partition.c
+/// `rd_kafka_toppar_op_pause_resume`, rdkafka_queue.c `rd_kafka_op_filter`); resuming
+/// fetches again from the next offset.
 const MAX_PARKED_WHEN_PAUSED: usize = PARKED_SHARE;
 /// Below the share: the slow campaign (5/s, jobs of 10 devices) may run low in the very
 /// step its partition reaches the share and unpark a job before the 50 ms sampling sees
