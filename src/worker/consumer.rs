@@ -109,11 +109,12 @@ const MAX_PENDING: usize = 32;
 /// shorter than the group's poll interval.
 const PRESSURE_GRACE: Duration = Duration::from_millis(200);
 
-/// How long the parking and pause decisions and the published stats may wait. Each
-/// walks every campaign, and a busy loop steps every millisecond (at a start, once per
-/// message read); a campaign's lookahead is seconds of its sends, so 5 ms late to unpark
-/// or resume costs it nothing. After a read the partition read is judged at the next
-/// step ([`Loop::pause_after_read`]), so it is paused before its next message.
+/// How long the parking and pause decisions and the published stats may wait: a busy
+/// loop steps every millisecond (at a start, once per message read); a campaign's
+/// lookahead is seconds of its sends, so 5 ms late to unpark or resume costs it nothing
+/// (the search for starving campaigns keeps a slower pace, [`parking::STARVING_EVERY`]).
+/// After a read the partition read is judged at the next step
+/// ([`Loop::pause_after_read`]), so it is paused before its next message.
 const BOOKKEEPING_EVERY: Duration = Duration::from_millis(5);
 
 /// How long a failed re-read of a parked job waits before that campaign tries again.
@@ -205,7 +206,7 @@ pub fn spawn(
         pressed_since: None,
         rates_seen: None,
         bookkeeping: (Instant::now(), None),
-        starving: Vec::new(),
+        starving: (Instant::now(), Vec::new()),
         unparked_at: Instant::now(),
     };
     let thread = std::thread::Builder::new()
@@ -256,8 +257,9 @@ struct Loop {
     /// partition of a message read since, whose pause is judged at the next step
     /// ([`BOOKKEEPING_EVERY`]).
     bookkeeping: (Instant, Option<i32>),
-    /// The partitions where a campaign starved at the last whole pause pass.
-    starving: Vec<i32>,
+    /// The partitions where a campaign starved, as last searched (at most every
+    /// [`parking::STARVING_EVERY`]), and when.
+    starving: (Instant, Vec<i32>),
     /// When parked jobs were last handed over (at least [`BOOKKEEPING_EVERY`] apart).
     unparked_at: Instant,
 }

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// How often the search for partitions where a campaign starves runs: it walks every
+/// campaign and reads each held job's cursor, which the scheduler's thread writes (at
+/// 1,000 campaigns 145 µs a walk; at every bookkeeping pass, 3 ms of CPU a second).
+/// A campaign starves below the backlog's low water, 2 s of its sends, and its next
+/// job was found up to 0.7 s after that in the 1,000-campaign bench: 100 ms later
+/// leaves it more than a second (docs/BENCHMARKS.md, "the intake's walks").
+pub(super) const STARVING_EVERY: Duration = Duration::from_millis(100);
+
 impl Loop {
     /// Hands over parked jobs of campaigns running low, most starved first: from memory,
     /// or re-read from Kafka.
@@ -78,13 +86,15 @@ impl Loop {
 
     /// Pauses a partition whose parked jobs exceed its share of `max_parked_jobs`, or,
     /// once parked messages fill `max_parked_bytes`, any partition where no campaign
-    /// starves: reading ahead is then driven by need, and parked jobs stay in memory
-    /// instead of being re-read from Kafka one by one. Under `pressure` every partition
-    /// is paused.
+    /// starves (as last searched, at most [`STARVING_EVERY`] ago): reading ahead is then
+    /// driven by need, and parked jobs stay in memory instead of being re-read from Kafka
+    /// one by one. Under `pressure` every partition is paused.
     pub(super) fn adjust_pauses(&mut self, pressure: bool) {
         let share = self.parked_share();
         let max_bytes = self.max_parked_bytes;
         let topic = self.topic.clone();
+        let search = self.starving.0.elapsed() >= STARVING_EVERY;
+        let starving = std::mem::take(&mut self.starving.1);
         let starving = self.with_state(|s, c| {
             let evicted = s.backlog.evict_hog(max_bytes);
             if evicted > 0 {
@@ -95,7 +105,9 @@ impl Loop {
             }
             // Where a campaign starves matters only above ¾ of the byte budget (below it
             // no partition is held for memory), and finding out walks every campaign.
-            let starving_in = if s.backlog.parked_bytes() > max_bytes / 4 * 3 {
+            let starving_in = if !search {
+                starving
+            } else if s.backlog.parked_bytes() > max_bytes / 4 * 3 {
                 s.backlog.starving_partitions(&s.assigned)
             } else {
                 Vec::new()
@@ -107,18 +119,21 @@ impl Loop {
             }
             starving_in
         });
-        self.starving = starving;
+        if search {
+            self.starving.0 = Instant::now();
+        }
+        self.starving.1 = starving;
     }
 
     /// After a message from `partition` was read: whether its backlog now pauses it,
     /// judged for that partition alone (a read changes only its parked count and the
-    /// parked bytes), with the starving partitions of the last whole pass. So a
+    /// parked bytes), with the starving partitions last searched. So a
     /// partition stops at its share before its next message, without a walk over every
     /// campaign per message (at 1,000 campaigns' start, a tenth of the intake's CPU).
     pub(super) fn pause_after_read(&mut self, partition: i32) {
         let share = self.parked_share();
         let max_bytes = self.max_parked_bytes;
-        let starving = self.starving.contains(&partition);
+        let starving = self.starving.1.contains(&partition);
         self.with_state(|s, c| {
             pause_for_backlog(
                 s,
