@@ -182,8 +182,14 @@ pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
     metrics::gauge!("halted_campaigns").set(halted as f64);
 }
 
-/// Samples on every snapshot the worker publishes (at most every 250 ms) until `stop`
-/// is cancelled or the worker is gone.
+/// How often the background sampler sets the gauges at most. The consumer's snapshot
+/// changes up to 200 times a second and each sample counts the halted campaigns: at
+/// 1,000 campaigns that was 1 ms of CPU a second (docs/BENCHMARKS.md, ninth session).
+/// A scrape samples afresh anyway ([`render`]).
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// Samples on the worker's snapshots, at most every [`SAMPLE_EVERY`], until `stop` is
+/// cancelled or the worker is gone.
 pub fn spawn_sampler(
     mut scheduler: watch::Receiver<SchedulerStats>,
     mut consumer: watch::Receiver<ConsumerStats>,
@@ -195,6 +201,10 @@ pub fn spawn_sampler(
                 let s = scheduler.borrow_and_update();
                 let c = consumer.borrow_and_update();
                 sample(&s, &c);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(SAMPLE_EVERY) => {}
+                _ = stop.cancelled() => return,
             }
             tokio::select! {
                 r = scheduler.changed() => if r.is_err() { return },

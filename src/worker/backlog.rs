@@ -334,15 +334,14 @@ impl Backlog {
             let Some(c) = self.campaigns.get(id) else {
                 continue;
             };
-            if c.parked.is_empty() || (!room && c.undispatched_jobs() > 1) {
-                continue;
-            }
-            if c.retry_at.is_some_and(|t| t > now) {
+            if c.parked.is_empty() || c.retry_at.is_some_and(|t| t > now) {
                 continue;
             }
             let want = self.lookahead_devices(c.rate);
             let left = c.remaining();
-            if left >= want {
+            // Each reads every held job's cursor: the bound's test only for a campaign
+            // that wants a job (most have their lookahead).
+            if left >= want || (!room && c.undispatched_jobs() > 1) {
                 continue;
             }
             let fill = left as f64 / want as f64;
