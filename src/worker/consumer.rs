@@ -206,7 +206,7 @@ pub fn spawn(
         pressed_since: None,
         rates_seen: None,
         bookkeeping: (Instant::now(), None),
-        starving: (Instant::now(), Vec::new()),
+        starving: (None, Vec::new()),
         unparked_at: Instant::now(),
     };
     let thread = std::thread::Builder::new()
@@ -257,9 +257,10 @@ struct Loop {
     /// partition of a message read since, whose pause is judged at the next step
     /// ([`BOOKKEEPING_EVERY`]).
     bookkeeping: (Instant, Option<i32>),
-    /// The partitions where a campaign starved, as last searched (at most every
-    /// [`parking::STARVING_EVERY`]), and when.
-    starving: (Instant, Vec<i32>),
+    /// When the partitions where a campaign starves were last searched (at most every
+    /// [`parking::STARVING_EVERY`]; `None`: at the next pass above ¾ of the parked-bytes
+    /// budget), and what was found.
+    starving: (Option<Instant>, Vec<i32>),
     /// When parked jobs were last handed over (at least [`BOOKKEEPING_EVERY`] apart).
     unparked_at: Instant,
 }

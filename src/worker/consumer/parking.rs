@@ -93,9 +93,12 @@ impl Loop {
         let share = self.parked_share();
         let max_bytes = self.max_parked_bytes;
         let topic = self.topic.clone();
-        let search = self.starving.0.elapsed() >= STARVING_EVERY;
-        let starving = std::mem::take(&mut self.starving.1);
-        let starving = self.with_state(|s, c| {
+        let due = self
+            .starving
+            .0
+            .is_none_or(|t| t.elapsed() >= STARVING_EVERY);
+        let last = std::mem::take(&mut self.starving.1);
+        let (starving, above) = self.with_state(|s, c| {
             let evicted = s.backlog.evict_hog(max_bytes);
             if evicted > 0 {
                 tracing::info!(evicted, "one campaign filled the parked-bytes budget; its newest parked jobs will be re-read");
@@ -104,23 +107,26 @@ impl Loop {
                 s.load.entry(*p).or_default();
             }
             // Where a campaign starves matters only above ¾ of the byte budget (below it
-            // no partition is held for memory), and finding out walks every campaign.
-            let starving_in = if !search {
-                starving
-            } else if s.backlog.parked_bytes() > max_bytes / 4 * 3 {
-                s.backlog.starving_partitions(&s.assigned)
-            } else {
-                Vec::new()
+            // no partition is held for memory); finding out walks every campaign, so it
+            // keeps its own pace, with the last answer in between.
+            let above = s.backlog.parked_bytes() > max_bytes / 4 * 3;
+            let starving_in = match (above, due) {
+                (false, _) => Vec::new(),
+                (true, true) => s.backlog.starving_partitions(&s.assigned),
+                (true, false) => last,
             };
             let partitions: Vec<i32> = s.load.keys().copied().collect();
             for p in partitions {
                 let starving = starving_in.contains(&p);
                 pause_for_backlog(s, c, &topic, p, share, max_bytes, starving, pressure);
             }
-            starving_in
+            (starving_in, above)
         });
-        if search {
-            self.starving.0 = Instant::now();
+        // Below ¾ nothing was searched: the first pass above it searches at once.
+        if !above {
+            self.starving.0 = None;
+        } else if due {
+            self.starving.0 = Some(Instant::now());
         }
         self.starving.1 = starving;
     }
