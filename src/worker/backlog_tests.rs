@@ -245,3 +245,29 @@ fn only_assigned_partitions_count_and_a_revoked_one_hands_its_campaigns_on() {
         "a's place moves to the partition it still has a job in, never the revoked one"
     );
 }
+
+#[test]
+fn a_finished_campaigns_slot_goes_to_the_next_and_their_jobs_stay_apart() {
+    let mut b = Backlog::new(Duration::from_secs(1));
+    let a: Arc<str> = Arc::from("a");
+    let c: Arc<str> = Arc::from("c");
+    b.hold(&a, 10.0, at(0, 0), 5, Arc::new(AtomicU32::new(5)));
+    b.finished(0, 0);
+    assert!(
+        b.index.is_empty(),
+        "nothing held or parked: its slot is freed"
+    );
+    // c takes a's slot; a comes back in another.
+    b.hold(&c, 10.0, at(0, 1), 100, Arc::new(AtomicU32::new(0)));
+    b.park(&c, 10.0, at(0, 2), 5, None);
+    assert_eq!(b.slots.len(), 1, "the freed slot was reused");
+    b.hold(&a, 10.0, at(1, 0), 1, Arc::new(AtomicU32::new(1)));
+    b.park(&a, 10.0, at(1, 1), 5, None);
+    assert!(!b.wants("c") && b.guaranteed("c"));
+    assert_eq!(next(&mut b), Some((a.clone(), at(1, 1))), "only a runs low");
+    // A stale finish of a's old job touches nobody.
+    b.finished(0, 0);
+    assert_eq!(b.parked_devices().as_slice(), &[(c.clone(), 5)]);
+    b.finished(0, 1);
+    assert_eq!(next(&mut b), Some((c.clone(), at(0, 2))));
+}
