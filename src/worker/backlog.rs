@@ -45,6 +45,10 @@ struct CampaignBacklog {
     partition: Option<i32>,
     /// No re-read of its parked jobs before this instant (after a failed one).
     retry_at: Option<Instant>,
+    /// It held its lookahead when last looked at, with enough to spare at its rate to
+    /// keep it until this instant: [`Backlog::next_to_unpark`] does not read its cursors
+    /// again before then.
+    full_until: Option<Instant>,
 }
 
 /// A parked job: its place, and its raw message while it fits in the byte budget.
@@ -97,6 +101,14 @@ impl CampaignBacklog {
 /// 0.7 s in the 1,000-campaign bench (docs/BENCHMARKS.md), during which a campaign that
 /// waited until nothing was parked ran dry.
 const LOW_WATER: Duration = Duration::from_secs(2);
+
+/// The longest a campaign that held its lookahead is left unread by the hand-over. At
+/// its rate it could go longer, but a cursor can move faster than the rate: devices
+/// skipped at intake or capped take no permit. The hand-over runs at every intake
+/// pass (up to 200 a second), and re-reading every held cursor of the campaigns with
+/// parked jobs at each was most of its cost at 1,000 campaigns; 100 ms is within the
+/// lookahead's 10 s by far, and about the time a hand-over's lookups take anyway.
+const RECHECK_MAX: Duration = Duration::from_millis(100);
 
 /// Devices in each campaign's parked jobs.
 pub type ParkedDevices = Arc<Vec<(Arc<str>, u64)>>;
@@ -372,7 +384,9 @@ impl Backlog {
     /// The campaign's live rate changed (the lookahead follows it).
     pub fn set_rate(&mut self, campaign: &str, rate: f64) {
         if let Some(&slot) = self.index.get(campaign) {
-            self.at(slot).rate = rate;
+            let c = self.at(slot);
+            c.rate = rate;
+            c.full_until = None;
         }
     }
 
@@ -382,18 +396,27 @@ impl Backlog {
     /// [`guaranteed`](Self::guaranteed) a job are considered.
     pub fn next_to_unpark(&mut self, room: bool, now: Instant) -> Option<(Arc<str>, Parked)> {
         let mut best: Option<(u32, f64)> = None;
+        let lookahead = self.lookahead;
         for &slot in &self.with_parked {
-            let Some(c) = self.slots[slot as usize].as_ref() else {
+            let Some(c) = self.slots[slot as usize].as_mut() else {
                 continue;
             };
-            if c.parked.is_empty() || c.retry_at.is_some_and(|t| t > now) {
+            if c.parked.is_empty()
+                || c.retry_at.is_some_and(|t| t > now)
+                || c.full_until.is_some_and(|t| t > now)
+            {
                 continue;
             }
-            let want = self.lookahead_devices(c.rate);
+            let want = devices_in(lookahead, c.rate);
             let left = c.remaining();
-            // Each reads every held job's cursor: the bound's test only for a campaign
-            // that wants a job (most have their lookahead).
-            if left >= want || (!room && c.undispatched_jobs() > 1) {
+            if left >= want {
+                let spare = (left - want) as f64 / c.rate;
+                let wait = RECHECK_MAX.as_secs_f64().min(spare.max(0.0));
+                c.full_until = Some(now + Duration::from_secs_f64(wait));
+                continue;
+            }
+            // It reads every held job's cursor: only for a campaign that wants a job.
+            if !room && c.undispatched_jobs() > 1 {
                 continue;
             }
             let fill = left as f64 / want as f64;
@@ -422,6 +445,7 @@ impl Backlog {
     pub fn forget_partitions(&mut self, partitions: &[i32]) {
         self.held_at.retain(|(p, _), _| !partitions.contains(p));
         for c in self.slots.iter_mut().flatten() {
+            c.full_until = None;
             c.held.retain(|h| !partitions.contains(&h.at.partition));
             c.parked.retain(|r| !partitions.contains(&r.at.partition));
             c.parked_devices = c.parked.iter().map(|p| u64::from(p.devices)).sum();

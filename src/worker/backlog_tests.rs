@@ -6,10 +6,21 @@ fn at(partition: i32, offset: i64) -> JobRef {
     JobRef { partition, offset }
 }
 
+/// An instant later than the last one this thread asked for by more than
+/// [`RECHECK_MAX`]: the hand-overs of a test happen in turn, each past the wait a
+/// campaign that held its lookahead was given.
+fn later() -> Instant {
+    thread_local!(static AT: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) });
+    AT.with(|at| {
+        let t = at.get().unwrap_or_else(Instant::now) + RECHECK_MAX + Duration::from_millis(1);
+        at.set(Some(t));
+        t
+    })
+}
+
 /// `next_to_unpark`, reduced to (campaign, place).
 fn next(b: &mut Backlog) -> Option<(Arc<str>, JobRef)> {
-    b.next_to_unpark(true, Instant::now())
-        .map(|(c, p)| (c, p.at))
+    b.next_to_unpark(true, later()).map(|(c, p)| (c, p.at))
 }
 
 #[test]
@@ -89,7 +100,7 @@ fn parked_bytes_follow_the_messages_kept_in_memory() {
     b.park(&a, 1.0, at(0, 2), 10, None);
     b.park(&a, 1.0, at(1, 0), 10, Some(msg(&[0; 9])));
     assert_eq!(b.parked_bytes(), 100 + 10, "payload and key bytes");
-    let (_, p) = b.next_to_unpark(true, Instant::now()).unwrap();
+    let (_, p) = b.next_to_unpark(true, later()).unwrap();
     assert_eq!(p.at, at(0, 1));
     assert!(p.message.is_some());
     assert_eq!(b.parked_bytes(), 10);
@@ -103,7 +114,7 @@ fn parked_bytes_follow_the_messages_kept_in_memory() {
     assert_eq!(b.evict_hog(2000), 0, "under the budget");
     assert_eq!(b.evict_hog(1000), 3, "down to 750 bytes");
     assert_eq!(b.parked_bytes(), 700);
-    let (_, p) = b.next_to_unpark(true, Instant::now()).unwrap();
+    let (_, p) = b.next_to_unpark(true, later()).unwrap();
     assert!(p.message.is_none(), "an offset-only job is re-read");
 }
 
@@ -134,7 +145,7 @@ fn past_the_memory_bound_a_campaign_still_gets_its_second_job() {
 }
 
 fn next_tight(b: &mut Backlog) -> Option<JobRef> {
-    b.next_to_unpark(false, Instant::now()).map(|(_, p)| p.at)
+    b.next_to_unpark(false, later()).map(|(_, p)| p.at)
 }
 
 #[test]
@@ -270,4 +281,34 @@ fn a_finished_campaigns_slot_goes_to_the_next_and_their_jobs_stay_apart() {
     assert_eq!(b.parked_devices().as_slice(), &[(c.clone(), 5)]);
     b.finished(0, 1);
     assert_eq!(next(&mut b), Some((c.clone(), at(0, 2))));
+}
+
+#[test]
+fn a_campaign_with_its_lookahead_is_read_again_only_after_its_wait() {
+    let mut b = Backlog::new(Duration::from_secs(1));
+    let a: Arc<str> = Arc::from("a");
+    let cursor = Arc::new(AtomicU32::new(0));
+    // 100/s: 100 devices of lookahead, 150 held: 0.5 s to spare, so the full wait.
+    b.hold(&a, 100.0, at(0, 0), 150, cursor.clone());
+    b.park(&a, 100.0, at(0, 1), 10, None);
+    let t = later();
+    assert!(b.next_to_unpark(true, t).is_none());
+    // The cursor jumps (devices skipped at intake take no permit).
+    cursor.store(150, Ordering::Relaxed);
+    assert!(
+        b.next_to_unpark(true, t + RECHECK_MAX / 2).is_none(),
+        "not read again within its wait"
+    );
+    let (id, p) = b.next_to_unpark(true, t + RECHECK_MAX).unwrap();
+    assert_eq!((id, p.at), (a.clone(), at(0, 1)));
+    // With little to spare the wait is shorter, and a new rate ends it at once.
+    b.park(&a, 100.0, at(0, 2), 10, None);
+    b.hold(&a, 100.0, at(0, 3), 101, Arc::new(AtomicU32::new(0)));
+    let t = later();
+    assert!(b.next_to_unpark(true, t).is_none(), "101 held, 100 wanted");
+    assert!(b
+        .next_to_unpark(true, t + Duration::from_millis(11))
+        .is_none());
+    b.set_rate("a", 1000.0);
+    assert_eq!(next(&mut b).map(|(_, p)| p), Some(at(0, 2)));
 }
