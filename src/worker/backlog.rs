@@ -78,6 +78,14 @@ fn devices_in(span: Duration, rate: f64) -> u64 {
 }
 
 impl CampaignBacklog {
+    /// A new rate moves the lookahead: the wait judged at the old one ends.
+    fn set_rate(&mut self, rate: f64) {
+        if rate != self.rate {
+            self.full_until = None;
+        }
+        self.rate = rate;
+    }
+
     /// Held jobs with devices not dispatched yet.
     fn undispatched_jobs(&self) -> usize {
         self.held
@@ -102,12 +110,13 @@ impl CampaignBacklog {
 /// waited until nothing was parked ran dry.
 const LOW_WATER: Duration = Duration::from_secs(2);
 
-/// The longest a campaign that held its lookahead is left unread by the hand-over. At
-/// its rate it could go longer, but a cursor can move faster than the rate: devices
-/// skipped at intake or capped take no permit. The hand-over runs at every intake
-/// pass (up to 200 a second), and re-reading every held cursor of the campaigns with
-/// parked jobs at each was most of its cost at 1,000 campaigns; 100 ms is within the
-/// lookahead's 10 s by far, and about the time a hand-over's lookups take anyway.
+/// The longest a campaign that held its lookahead is left unread by the hand-over (and
+/// at most a tenth of the lookahead). At its rate it could go longer, but a cursor can
+/// move faster than the rate: devices skipped at intake or capped take no permit. The
+/// hand-over runs at every intake pass (up to 200 a second), and re-reading every held
+/// cursor of the campaigns with parked jobs at each was most of its cost at 1,000
+/// campaigns (docs/BENCHMARKS.md); a campaign whose cursor jumps gets its next job at
+/// most this much later, with the default 10-s lookahead a hundredth of what it holds.
 const RECHECK_MAX: Duration = Duration::from_millis(100);
 
 /// Devices in each campaign's parked jobs.
@@ -239,7 +248,7 @@ impl Backlog {
     ) {
         let slot = self.slot_for(campaign);
         let c = self.at(slot);
-        c.rate = rate;
+        c.set_rate(rate);
         c.partition = Some(at.partition);
         c.held.push(Held {
             at,
@@ -264,7 +273,7 @@ impl Backlog {
         self.parked_version += 1;
         self.with_parked.insert(slot);
         let c = self.at(slot);
-        c.rate = rate;
+        c.set_rate(rate);
         c.partition = Some(at.partition);
         c.parked_devices += u64::from(devices);
         c.parked.push_back(Parked {
@@ -377,6 +386,8 @@ impl Backlog {
         };
         if let Some(c) = self.slots[slot as usize].as_mut() {
             c.held.retain(|h| h.at != JobRef { partition, offset });
+            // It may have finished early (devices skipped take no permit).
+            c.full_until = None;
             self.release_if_empty(slot);
         }
     }
@@ -384,9 +395,7 @@ impl Backlog {
     /// The campaign's live rate changed (the lookahead follows it).
     pub fn set_rate(&mut self, campaign: &str, rate: f64) {
         if let Some(&slot) = self.index.get(campaign) {
-            let c = self.at(slot);
-            c.rate = rate;
-            c.full_until = None;
+            self.at(slot).set_rate(rate);
         }
     }
 
@@ -397,6 +406,7 @@ impl Backlog {
     pub fn next_to_unpark(&mut self, room: bool, now: Instant) -> Option<(Arc<str>, Parked)> {
         let mut best: Option<(u32, f64)> = None;
         let lookahead = self.lookahead;
+        let max_wait = RECHECK_MAX.min(lookahead / 10).as_secs_f64();
         for &slot in &self.with_parked {
             let Some(c) = self.slots[slot as usize].as_mut() else {
                 continue;
@@ -411,7 +421,7 @@ impl Backlog {
             let left = c.remaining();
             if left >= want {
                 let spare = (left - want) as f64 / c.rate;
-                let wait = RECHECK_MAX.as_secs_f64().min(spare.max(0.0));
+                let wait = max_wait.min(spare.max(0.0));
                 c.full_until = Some(now + Duration::from_secs_f64(wait));
                 continue;
             }
@@ -432,6 +442,9 @@ impl Backlog {
         let (id, emptied) = (c.id.clone(), c.parked.is_empty());
         if emptied {
             self.with_parked.remove(&slot);
+            // Nothing held either (its job may still be dead-lettered, not held): the
+            // caller goes on by id, so the slot can go.
+            self.release_if_empty(slot);
         }
         self.parked_version += 1;
         if let Some(n) = self.parked_per_partition.get_mut(&p.at.partition) {

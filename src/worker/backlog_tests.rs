@@ -281,6 +281,10 @@ fn a_finished_campaigns_slot_goes_to_the_next_and_their_jobs_stay_apart() {
     assert_eq!(b.parked_devices().as_slice(), &[(c.clone(), 5)]);
     b.finished(0, 1);
     assert_eq!(next(&mut b), Some((c.clone(), at(0, 2))));
+    assert!(
+        !b.index.contains_key("c"),
+        "its last parked job handed over, nothing held: its slot is freed"
+    );
 }
 
 #[test]
@@ -301,14 +305,28 @@ fn a_campaign_with_its_lookahead_is_read_again_only_after_its_wait() {
     );
     let (id, p) = b.next_to_unpark(true, t + RECHECK_MAX).unwrap();
     assert_eq!((id, p.at), (a.clone(), at(0, 1)));
-    // With little to spare the wait is shorter, and a new rate ends it at once.
+    // With little to spare the wait is shorter: 101 held, 100 wanted, 10 ms at 100/s.
     b.park(&a, 100.0, at(0, 2), 10, None);
-    b.hold(&a, 100.0, at(0, 3), 101, Arc::new(AtomicU32::new(0)));
+    let second = Arc::new(AtomicU32::new(0));
+    b.hold(&a, 100.0, at(0, 3), 101, second.clone());
     let t = later();
-    assert!(b.next_to_unpark(true, t).is_none(), "101 held, 100 wanted");
+    assert!(b.next_to_unpark(true, t).is_none());
+    second.store(2, Ordering::Relaxed);
     assert!(b
-        .next_to_unpark(true, t + Duration::from_millis(11))
+        .next_to_unpark(true, t + Duration::from_millis(9))
         .is_none());
-    b.set_rate("a", 1000.0);
-    assert_eq!(next(&mut b).map(|(_, p)| p), Some(at(0, 2)));
+    let (_, p) = b
+        .next_to_unpark(true, t + Duration::from_millis(11))
+        .unwrap();
+    assert_eq!(p.at, at(0, 2));
+    // A new rate ends the wait at once: 1,099 held, 10,000 wanted at 10,000/s.
+    b.park(&a, 100.0, at(0, 4), 10, None);
+    b.hold(&a, 100.0, at(0, 5), 1000, Arc::new(AtomicU32::new(0)));
+    let t = later();
+    assert!(b.next_to_unpark(true, t).is_none());
+    b.set_rate("a", 10_000.0);
+    let (_, p) = b
+        .next_to_unpark(true, t + Duration::from_millis(1))
+        .unwrap();
+    assert_eq!(p.at, at(0, 4));
 }

@@ -346,7 +346,7 @@ async fn redis_down_holds_the_job_until_redis_answers() {
         .await
         .unwrap();
     assert!(first.is_empty());
-    proxy.set_up(false);
+    proxy.take_down().await;
     assert!(cap
         .try_reserve("c", "probe", &tokens(&[2]), 0, &[])
         .await
@@ -550,7 +550,7 @@ async fn a_worker_holds_jobs_while_redis_is_down() {
         requests_for(&sink, &x) == 1
     })
     .await;
-    proxy.set_up(false);
+    proxy.take_down().await;
     produce(
         &topic,
         &campaign,

@@ -297,6 +297,8 @@ pub fn sigterm_and_wait(child: &mut std::process::Child) -> std::process::ExitSt
 pub struct Proxy {
     pub port: u16,
     up: tokio::sync::watch::Sender<bool>,
+    /// Connections through the proxy not yet cut.
+    live: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -305,31 +307,60 @@ impl Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (up, up_rx) = tokio::sync::watch::channel(true);
+        let live = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = live.clone();
         let task = tokio::spawn(async move {
+            use std::sync::atomic::Ordering::SeqCst;
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
                     return;
                 };
+                // Counted before `up` is read: a `take_down` either finds it counted or
+                // made it see the proxy down.
+                counted.fetch_add(1, SeqCst);
                 let mut up = up_rx.clone();
                 if !*up.borrow_and_update() {
+                    counted.fetch_sub(1, SeqCst);
                     continue; // dropped: the client sees the connection closed
                 }
+                let counted = counted.clone();
                 tokio::spawn(async move {
-                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = up.wait_for(|up| !*up) => {}
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                            _ = up.wait_for(|up| !*up) => {}
+                        }
                     }
+                    drop(client);
+                    counted.fetch_sub(1, SeqCst);
                 });
             }
         });
-        Proxy { port, up, task }
+        Proxy {
+            port,
+            up,
+            live,
+            task,
+        }
     }
 
     pub fn set_up(&self, up: bool) {
         self.up.send_replace(up);
+    }
+
+    /// Takes the proxy down and returns once every connection through it is cut: a
+    /// request sent after it cannot still pass on a connection whose cut was pending
+    /// (`set_up(false)` alone cuts them on the proxy's own tasks, later).
+    pub async fn take_down(&self) {
+        self.set_up(false);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while self.live.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "proxy connections still open 5 s after it was taken down"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 }
 

@@ -53,7 +53,7 @@ async fn an_unreachable_database_loses_no_counts_and_raises_backpressure() {
         .await
     );
 
-    proxy.set_up(false);
+    proxy.take_down().await;
     let failures_before = flusher.failed_writes();
     for s in 10..110 {
         counter.record(BASE + s, Outcome::Sent, 1);
