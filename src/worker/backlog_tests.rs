@@ -148,12 +148,19 @@ fn next_tight(b: &mut Backlog) -> Option<JobRef> {
     b.next_to_unpark(false, later()).map(|(_, p)| p.at)
 }
 
-#[test]
-fn a_campaign_low_with_nothing_parked_is_starving_in_its_partition() {
+/// A backlog with a 1-s lookahead where campaign "a", at 100/s, holds one job of 150
+/// devices at `place`; also the campaign and the job's cursor.
+fn a_holding_150(place: JobRef) -> (Backlog, Arc<str>, Arc<AtomicU32>) {
     let mut b = Backlog::new(Duration::from_secs(1));
     let a: Arc<str> = Arc::from("a");
     let cursor = Arc::new(AtomicU32::new(0));
-    b.hold(&a, 100.0, at(3, 0), 150, cursor.clone());
+    b.hold(&a, 100.0, place, 150, cursor.clone());
+    (b, a, cursor)
+}
+
+#[test]
+fn a_campaign_low_with_nothing_parked_is_starving_in_its_partition() {
+    let (mut b, a, cursor) = a_holding_150(at(3, 0));
     assert!(!b.starving_in(3), "150 devices ≥ 1 s at 100/s");
     cursor.store(60, Ordering::Relaxed);
     assert!(
@@ -289,11 +296,8 @@ fn a_finished_campaigns_slot_goes_to_the_next_and_their_jobs_stay_apart() {
 
 #[test]
 fn a_campaign_with_its_lookahead_is_read_again_only_after_its_wait() {
-    let mut b = Backlog::new(Duration::from_secs(1));
-    let a: Arc<str> = Arc::from("a");
-    let cursor = Arc::new(AtomicU32::new(0));
     // 100/s: 100 devices of lookahead, 150 held: 0.5 s to spare, so the full wait.
-    b.hold(&a, 100.0, at(0, 0), 150, cursor.clone());
+    let (mut b, a, cursor) = a_holding_150(at(0, 0));
     b.park(&a, 100.0, at(0, 1), 10, None);
     let t = later();
     assert!(b.next_to_unpark(true, t).is_none());
