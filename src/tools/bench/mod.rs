@@ -89,6 +89,10 @@ pub enum Phase {
     H2c,
     Backlog,
     Pacing,
+    /// 100 campaigns at `pacing-1000`'s summed rate: its baseline at the same rate.
+    #[value(name = "pacing-same-rate")]
+    #[serde(rename = "pacing-same-rate")]
+    PacingSameRate,
     /// 1,000 campaigns at a long-tailed mix of rates (issue 24).
     #[value(name = "pacing-1000")]
     #[serde(rename = "pacing-1000")]
@@ -102,7 +106,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    const ALL: [Phase; 11] = [
+    const ALL: [Phase; 12] = [
         Phase::Consumer,
         Phase::Null,
         Phase::Http1,
@@ -113,6 +117,7 @@ impl Phase {
         Phase::Webpush,
         Phase::Backlog,
         Phase::Pacing,
+        Phase::PacingSameRate,
         Phase::Pacing1000,
     ];
 
@@ -125,6 +130,7 @@ impl Phase {
             Phase::H2c => "h2c",
             Phase::Backlog => "backlog",
             Phase::Pacing => "pacing",
+            Phase::PacingSameRate => "pacing-same-rate",
             Phase::Pacing1000 => "pacing-1000",
             Phase::Apns => "apns",
             Phase::Fcm => "fcm",
@@ -310,7 +316,15 @@ impl Ctx {
             }
             Phase::Pacing => {
                 let db = database("pacing");
-                let (r, pacing) = self.pacing(&self.topic("pacing"), &db, args).await?;
+                let (r, pacing) = self.pacing(&self.topic("pacing"), &db, args, false).await?;
+                report.pacing.push(pacing);
+                r
+            }
+            Phase::PacingSameRate => {
+                let db = database("pacing_same_rate");
+                let (r, pacing) = self
+                    .pacing(&self.topic("pacing_same_rate"), &db, args, true)
+                    .await?;
                 report.pacing.push(pacing);
                 r
             }

@@ -132,19 +132,29 @@ impl Ctx {
         })
     }
 
-    /// 100 campaigns at rates summing to `pacing_total_rate`, each for `pacing_seconds`.
+    /// 100 campaigns at rates summing to `pacing_total_rate`, each for `pacing_seconds`;
+    /// with `same_rate`, summing to `pacing-1000`'s rate instead ([`PACING_1000_TOTAL`]):
+    /// the worker's CPU a second has a part that does not grow with the rate, which weighs
+    /// twice a send at half the rate, so only this baseline tells what the number of
+    /// campaigns itself costs.
     pub(super) async fn pacing(
         &self,
         topic: &str,
         db: &str,
         args: &BenchArgs,
+        same_rate: bool,
     ) -> Result<(PhaseResult, PacingResult), BenchError> {
         let n = 100usize;
-        let rates = pacing_rates(n, args.pacing_total_rate);
+        let (name, tag, total) = if same_rate {
+            ("pacing-same-rate", "s", PACING_1000_TOTAL)
+        } else {
+            ("pacing", "p", args.pacing_total_rate)
+        };
+        let rates = pacing_rates(n, total);
         let (mut result, rows, rate_of) = self
             .paced_run(
-                "pacing",
-                "p",
+                name,
+                tag,
                 topic,
                 db,
                 &rates,
@@ -153,10 +163,9 @@ impl Ctx {
             )
             .await?;
         result.note = format!(
-            "100 campaigns, {:.0}–{:.0}/s, summing to {:.0}/s",
+            "100 campaigns, {:.0}–{:.0}/s, summing to {total:.0}/s",
             rates[0],
             rates[n - 1],
-            args.pacing_total_rate
         );
         Ok((result, pacing_distribution(&rows, &rate_of)))
     }

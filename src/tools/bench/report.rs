@@ -147,11 +147,22 @@ pub fn render_table(report: &BenchReport) -> String {
             p.max_over_rate
         ));
     }
-    let ratios = cpu_ratios(report);
+    let ratios = cpu_ratios(report, "pacing");
+    let same_rate = cpu_ratios(report, "pacing-same-rate");
     for (i, p) in report.pacing_1000.iter().enumerate() {
-        out.push_str(&pacing_1000_line(p, ratios.get(i).copied().flatten()));
+        let at = |r: &[Option<f64>]| r.get(i).copied().flatten();
+        out.push_str(&pacing_1000_line(p, at(&ratios), at(&same_rate)));
     }
-    out.push_str(&ratio_summary(&ratios));
+    out.push_str(&ratio_summary(
+        "pacing-1000 / pacing",
+        &ratios,
+        " (target ≤ 1.5×)",
+    ));
+    out.push_str(&ratio_summary(
+        "pacing-1000 / pacing-same-rate",
+        &same_rate,
+        ": the number of campaigns alone",
+    ));
     out
 }
 
@@ -175,9 +186,9 @@ fn steal_line(report: &BenchReport) -> String {
     )
 }
 
-/// Each round's CPU per send of `pacing-1000` over its `pacing` phase, in round order
-/// (`None` for a round without both).
-fn cpu_ratios(report: &BenchReport) -> Vec<Option<f64>> {
+/// Each round's CPU per send of `pacing-1000` over its `baseline` phase (`pacing` or
+/// `pacing-same-rate`), in round order (`None` for a round without both).
+fn cpu_ratios(report: &BenchReport, baseline: &str) -> Vec<Option<f64>> {
     let cpu = |name: &str, round: u32| {
         report
             .phases
@@ -193,12 +204,12 @@ fn cpu_ratios(report: &BenchReport) -> Vec<Option<f64>> {
                 .iter()
                 .any(|r| r.round == n && r.phase == "pacing-1000")
         })
-        .map(|n| Some(cpu("pacing-1000", n)? / cpu("pacing", n)?))
+        .map(|n| Some(cpu("pacing-1000", n)? / cpu(baseline, n)?))
         .collect()
 }
 
 /// Over more than one round: every round's CPU ratio and their median.
-fn ratio_summary(ratios: &[Option<f64>]) -> String {
+fn ratio_summary(what: &str, ratios: &[Option<f64>], tail: &str) -> String {
     let mut known: Vec<f64> = ratios.iter().flatten().copied().collect();
     if known.len() < 2 {
         return String::new();
@@ -212,18 +223,21 @@ fn ratio_summary(ratios: &[Option<f64>]) -> String {
         known[mid]
     };
     format!(
-        "pacing-1000 / pacing, CPU per send by round: {}; median {median:.2}× (target ≤ 1.5×)\n",
+        "{what}, CPU per send by round: {}; median {median:.2}×{tail}\n",
         each.join(", ")
     )
 }
 
-/// Issue 24's targets for 1,000 campaigns, with the CPU ratio to the 100-campaign phase
-/// of the same round.
-fn pacing_1000_line(p: &Pacing1000Result, ratio: Option<f64>) -> String {
-    let ratio = match ratio {
+/// Issue 24's targets for 1,000 campaigns, with the CPU ratios to the 100-campaign
+/// phases of the same round.
+fn pacing_1000_line(p: &Pacing1000Result, ratio: Option<f64>, same_rate: Option<f64>) -> String {
+    let mut ratio = match ratio {
         Some(r) => format!("{r:.2}× the 100-campaign phase (target ≤ 1.5×)"),
         None => "no 100-campaign phase in this round to compare with".into(),
     };
+    if let Some(r) = same_rate {
+        ratio.push_str(&format!(", {r:.2}× 100 campaigns at the same summed rate"));
+    }
     format!(
         "pacing-1000: {} campaigns summing to {:.0}/s; ≥ 100/s: {} campaign-seconds, p50 {:.2}% p99 {:.2}% (target ≤ 1%), {} off by more than 1%; < 100/s: {} campaign-seconds, at most {:.0} send(s) off (target ≤ 1); CPU per send {ratio}\n",
         p.campaigns,
@@ -292,12 +306,15 @@ mod tests {
             ],
             ..Default::default()
         };
-        let ratios: Vec<f64> = cpu_ratios(&report).into_iter().flatten().collect();
+        let ratios: Vec<f64> = cpu_ratios(&report, "pacing")
+            .into_iter()
+            .flatten()
+            .collect();
         assert_eq!(ratios.len(), 3);
         for (got, want) in ratios.iter().zip([1.6, 1.4, 1.5]) {
             assert!((got - want).abs() < 1e-9, "{got} against {want}");
         }
-        let line = ratio_summary(&cpu_ratios(&report));
+        let line = ratio_summary("pacing-1000 / pacing", &cpu_ratios(&report, "pacing"), "");
         assert!(line.contains("1.60×, 1.40×, 1.50×"), "{line}");
         assert!(line.contains("median 1.50×"), "{line}");
     }
@@ -308,7 +325,35 @@ mod tests {
             phases: vec![phase("pacing-1000", 1, 1.6)],
             ..Default::default()
         };
-        assert_eq!(cpu_ratios(&report), vec![None]);
-        assert_eq!(ratio_summary(&cpu_ratios(&report)), "");
+        assert_eq!(cpu_ratios(&report, "pacing"), vec![None]);
+        assert_eq!(ratio_summary("x", &cpu_ratios(&report, "pacing"), ""), "");
+    }
+
+    #[test]
+    fn the_same_rate_baseline_gives_its_own_ratio_beside_the_first() {
+        let report = BenchReport {
+            phases: vec![
+                phase("pacing", 1, 0.6),
+                phase("pacing-same-rate", 1, 1.0),
+                phase("pacing-1000", 1, 0.9),
+                phase("pacing", 2, 0.5),
+                phase("pacing-1000", 2, 1.0),
+            ],
+            pacing_1000: vec![Pacing1000Result::default(), Pacing1000Result::default()],
+            ..Default::default()
+        };
+        let same: Vec<Option<f64>> = cpu_ratios(&report, "pacing-same-rate");
+        assert_eq!(same.len(), 2);
+        assert!((same[0].expect("round 1 has both") - 0.9).abs() < 1e-9);
+        assert_eq!(same[1], None);
+        let table = render_table(&report);
+        assert!(
+            table.contains("1.50× the 100-campaign phase (target ≤ 1.5×), 0.90× 100 campaigns at the same summed rate"),
+            "{table}"
+        );
+        assert!(
+            table.contains("2.00× the 100-campaign phase (target ≤ 1.5×)\n"),
+            "{table}"
+        );
     }
 }
