@@ -167,7 +167,11 @@ impl Ctx {
             rates[0],
             rates[n - 1],
         );
-        Ok((result, pacing_distribution(&rows, &rate_of)))
+        let pacing = PacingResult {
+            phase: name,
+            ..pacing_distribution(&rows, &rate_of)
+        };
+        Ok((result, pacing))
     }
 
     /// 1,000 campaigns at a long-tailed mix of rates ([`long_tail_rates`]).
@@ -410,6 +414,7 @@ pub fn pacing_distribution(
         }
     };
     PacingResult {
+        phase: "pacing",
         campaigns: rates.len(),
         total_rate: rates.values().sum(),
         campaign_seconds: errors.len(),

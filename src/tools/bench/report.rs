@@ -42,6 +42,8 @@ impl PhaseResult {
 /// The pacing distribution.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PacingResult {
+    /// The phase it is of (`pacing` or `pacing-same-rate`).
+    pub phase: &'static str,
     pub campaigns: usize,
     pub total_rate: f64,
     pub campaign_seconds: usize,
@@ -137,7 +139,8 @@ pub fn render_table(report: &BenchReport) -> String {
     out.push_str(&steal_line(report));
     for p in &report.pacing {
         out.push_str(&format!(
-            "pacing: {} campaigns summing to {:.0}/s, {} campaign-seconds: |achieved − rate| / rate p50 {:.2}% p99 {:.2}% max {:.2}%; largest second {:.3}× its rate\n",
+            "{}: {} campaigns summing to {:.0}/s, {} campaign-seconds: |achieved − rate| / rate p50 {:.2}% p99 {:.2}% max {:.2}%; largest second {:.3}× its rate\n",
+            p.phase,
             p.campaigns,
             p.total_rate,
             p.campaign_seconds,
@@ -339,6 +342,12 @@ mod tests {
                 phase("pacing", 2, 0.5),
                 phase("pacing-1000", 2, 1.0),
             ],
+            pacing: vec![PacingResult {
+                phase: "pacing-same-rate",
+                campaigns: 100,
+                total_rate: 50_000.0,
+                ..Default::default()
+            }],
             pacing_1000: vec![Pacing1000Result::default(), Pacing1000Result::default()],
             ..Default::default()
         };
