@@ -296,17 +296,22 @@ mod tests {
         }
     }
 
+    /// The phases of a report: (name, round, CPU-s per 1M) each.
+    fn phases(list: &[(&str, u32, f64)]) -> Vec<PhaseResult> {
+        list.iter().map(|&(n, r, c)| phase(n, r, c)).collect()
+    }
+
     #[test]
     fn each_rounds_ratio_is_read_from_its_own_phases_and_the_median_is_given() {
         let report = BenchReport {
-            phases: vec![
-                phase("pacing", 1, 1.0),
-                phase("pacing-1000", 1, 1.6),
-                phase("pacing", 2, 0.8),
-                phase("pacing-1000", 2, 1.12),
-                phase("pacing", 3, 1.0),
-                phase("pacing-1000", 3, 1.5),
-            ],
+            phases: phases(&[
+                ("pacing", 1, 1.0),
+                ("pacing-1000", 1, 1.6),
+                ("pacing", 2, 0.8),
+                ("pacing-1000", 2, 1.12),
+                ("pacing", 3, 1.0),
+                ("pacing-1000", 3, 1.5),
+            ]),
             ..Default::default()
         };
         let ratios: Vec<f64> = cpu_ratios(&report, "pacing")
@@ -335,13 +340,13 @@ mod tests {
     #[test]
     fn the_same_rate_baseline_gives_its_own_ratio_beside_the_first() {
         let report = BenchReport {
-            phases: vec![
-                phase("pacing", 1, 0.6),
-                phase("pacing-same-rate", 1, 1.0),
-                phase("pacing-1000", 1, 0.9),
-                phase("pacing", 2, 0.5),
-                phase("pacing-1000", 2, 1.0),
-            ],
+            phases: phases(&[
+                ("pacing", 1, 0.6),
+                ("pacing-same-rate", 1, 1.0),
+                ("pacing-1000", 1, 0.9),
+                ("pacing", 2, 0.5),
+                ("pacing-1000", 2, 1.0),
+            ]),
             pacing: vec![PacingResult {
                 phase: "pacing-same-rate",
                 campaigns: 100,
