@@ -121,7 +121,7 @@ impl Phase {
         Phase::Pacing1000,
     ];
 
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Phase::Consumer => "consumer",
             Phase::Null => "null",
@@ -316,14 +316,14 @@ impl Ctx {
             }
             Phase::Pacing => {
                 let db = database("pacing");
-                let (r, pacing) = self.pacing(&self.topic("pacing"), &db, args, false).await?;
+                let (r, pacing) = self.pacing(&self.topic("pacing"), &db, args, phase).await?;
                 report.pacing.push(pacing);
                 r
             }
             Phase::PacingSameRate => {
                 let db = database("pacing_same_rate");
                 let (r, pacing) = self
-                    .pacing(&self.topic("pacing_same_rate"), &db, args, true)
+                    .pacing(&self.topic("pacing_same_rate"), &db, args, phase)
                     .await?;
                 report.pacing.push(pacing);
                 r

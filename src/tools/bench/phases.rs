@@ -2,7 +2,9 @@
 //! pacing phases, and the pacing figures.
 
 use super::process::Sample;
-use super::{phase_err, BenchArgs, BenchError, Ctx, Pacing1000Result, PacingResult, PhaseResult};
+use super::{
+    phase_err, BenchArgs, BenchError, Ctx, Pacing1000Result, PacingResult, Phase, PhaseResult,
+};
 use crate::job;
 use crate::tools::produce::ProducePlan;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -133,22 +135,23 @@ impl Ctx {
     }
 
     /// 100 campaigns at rates summing to `pacing_total_rate`, each for `pacing_seconds`;
-    /// with `same_rate`, summing to `pacing-1000`'s rate instead ([`PACING_1000_TOTAL`]):
-    /// the worker's CPU a second has a part that does not grow with the rate, which weighs
-    /// twice a send at half the rate, so only this baseline tells what the number of
-    /// campaigns itself costs.
+    /// as [`Phase::PacingSameRate`], summing to `pacing-1000`'s rate instead
+    /// ([`PACING_1000_TOTAL`]): the worker's CPU a second has a part that does not grow
+    /// with the rate, which weighs twice a send at half the rate, so only this baseline
+    /// tells what the number of campaigns itself costs.
     pub(super) async fn pacing(
         &self,
         topic: &str,
         db: &str,
         args: &BenchArgs,
-        same_rate: bool,
+        phase: Phase,
     ) -> Result<(PhaseResult, PacingResult), BenchError> {
         let n = 100usize;
-        let (name, tag, total) = if same_rate {
-            ("pacing-same-rate", "s", PACING_1000_TOTAL)
+        let name = phase.name();
+        let (tag, total) = if phase == Phase::PacingSameRate {
+            ("s", PACING_1000_TOTAL)
         } else {
-            ("pacing", "p", args.pacing_total_rate)
+            ("p", args.pacing_total_rate)
         };
         let rates = pacing_rates(n, total);
         let (mut result, rows, rate_of) = self
