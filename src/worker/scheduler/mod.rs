@@ -76,16 +76,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-/// The shipped `worker.wake_slack_ms`: a send leaves at most 4 ms after its permit, two
-/// fifths of `quantum_min`, which a late turn makes up in full. A wake-up costs the
-/// worker more CPU than a round's sends where context switches are dear (a virtual
-/// machine), so each one gathered counts; what 2 → 4 ms saved is in docs/BENCHMARKS.md.
-pub const DEFAULT_WAKE_SLACK_MS: u64 = 4;
+/// The shipped `worker.wake_slack_ms`: a send leaves at most 2 ms after its permit, a
+/// fifth of `quantum_min`, which a late turn makes up in full; what the wake-ups it
+/// gathers save is in docs/BENCHMARKS.md.
+pub const DEFAULT_WAKE_SLACK_MS: u64 = 2;
 
-/// The shipped `worker.second_edge_ms`: the slack plus the timer's usual lateness (up to
-/// 1 ms), so that a permit due before the held part leaves before the second ends; half
-/// of `quantum_min`, so that the held permits are made up in full. A wake-up later than
-/// that moves one send into the next second, one send off in each.
+/// The shipped `worker.second_edge_ms`: more than the slack plus the timer's usual
+/// lateness (up to 1 ms), so that a permit due before the held part leaves before the
+/// second ends; half of `quantum_min`, so that the held permits are made up in full.
 pub const DEFAULT_SECOND_EDGE_MS: u64 = 5;
 
 /// The scheduler's settings.
