@@ -3,7 +3,7 @@
 
 use super::{Answer, Failure, H2Pool, MAX_ANSWER_BODY};
 use bytes::{Bytes, BytesMut};
-use h2::client::SendRequest;
+use h2::client::{ResponseFuture, SendRequest};
 use h2::{Ping, PingPong, Reason};
 use http::Request;
 use parking_lot::Mutex;
@@ -181,7 +181,7 @@ impl Conn {
             })?;
         if !body.is_empty() {
             if let Err(e) = stream.send_data(body, true) {
-                return Err(self.failed(e));
+                return Err(self.body_not_sent(response, e).await);
             }
         }
         let response = response.await.map_err(|e| self.failed(e))?;
@@ -196,6 +196,20 @@ impl Conn {
             }
         }
         Ok(answer)
+    }
+
+    /// The stream ended before its body could be queued: a REFUSED_STREAM or GOAWAY
+    /// between its HEADERS and DATA, the connection's end, or an answer sent before the
+    /// body was read. Without its body the server never had the whole request, so it is
+    /// never lost; the stream's own end says whether a refusal counts as a try.
+    async fn body_not_sent(&self, response: ResponseFuture, e: h2::Error) -> Failure {
+        match response.await {
+            Err(ended) => match self.failed(ended) {
+                Failure::Lost(why) => Failure::NotSent(why),
+                failure => failure,
+            },
+            Ok(_) => Failure::NotSent(format!("answered before its body was sent: {e}")),
+        }
     }
 
     /// Classifies a stream error: only GOAWAY (a stream above its last id) and

@@ -11,7 +11,9 @@
 //! GOAWAY after N streams: h2 can only announce the highest stream it has received as
 //! `last_stream_id`, so streams beyond the N-th that already arrived are refused with
 //! RST_STREAM(REFUSED_STREAM) and never reach the handler; both mean "not processed"
-//! (RFC 9113 §8.7), and the client may resend them.
+//! (RFC 9113 §8.7), and the client may resend them. A connection that ends lingers
+//! as a real server's does: closing it with the client's last frames unread would reset
+//! it, and the reset would discard the GOAWAY the client has not read yet.
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -19,9 +21,12 @@ use http::{Request, Response, StatusCode};
 use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -272,6 +277,8 @@ struct ConnState {
 
 async fn serve_connection<H: Handler>(tcp: TcpStream, shared: Arc<Shared<H>>) {
     let _ = tcp.set_nodelay(true);
+    // The same socket, kept open past the TLS and h2 layers for a lingering close.
+    let socket = tcp.as_fd().try_clone_to_owned().ok();
     let acceptor = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
     let Ok(start) = acceptor.await else { return };
     let offers_h2 = start
@@ -315,7 +322,13 @@ async fn serve_connection<H: Handler>(tcp: TcpStream, shared: Arc<Shared<H>>) {
                     .get_or_insert_with(|| format!("connection {connection}: {e}"));
                 break;
             }
-            None => break,
+            None => {
+                drop(conn);
+                if let Some(socket) = socket {
+                    linger(socket).await;
+                }
+                return;
+            }
         };
         if controls.hang_up.load(SeqCst) {
             conn.abrupt_shutdown(h2::Reason::NO_ERROR);
@@ -345,6 +358,29 @@ async fn serve_connection<H: Handler>(tcp: TcpStream, shared: Arc<Shared<H>>) {
             state.clone(),
         ));
     }
+}
+
+/// How long a closed connection's socket stays open to read what the client still
+/// sends: Go's HTTP/2 server (and so Google's front ends) waits 1 s after its last
+/// GOAWAY, far above a loopback round trip.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Closes a connection the way a real server does: its write side is already shut down
+/// (h2 sends close_notify and FIN), and reading on until the client closes or `LINGER`
+/// passes keeps the kernel from answering the client's last frames with a reset, which
+/// would discard the GOAWAY and answers the client has not read yet.
+async fn linger(fd: OwnedFd) {
+    let std = std::net::TcpStream::from(fd);
+    if std.set_nonblocking(true).is_err() {
+        return;
+    }
+    let Ok(mut tcp) = TcpStream::from_std(std) else {
+        return;
+    };
+    let _ = tcp.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 async fn serve_stream<H: Handler>(
