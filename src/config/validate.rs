@@ -106,8 +106,8 @@ impl WorkerSettings {
                 "must be between worker.quantum_min_ms and 1000",
             ));
         }
-        // A turn up to quantum_min late is made up in full; half of it leaves room for
-        // the timer's own lateness.
+        // A late turn makes up quantum_min plus the slack: at most half again keeps the
+        // catch-up's burst within 1.5 × rate × quantum_min.
         if w.wake_slack_ms > w.quantum_min_ms / 2 {
             return Err(invalid(
                 "worker.wake_slack_ms",

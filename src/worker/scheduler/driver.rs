@@ -6,18 +6,19 @@ use super::*;
 
 /// Takes up to `want` permits from `limiter` for a turn at `now`, when the limiter last
 /// named `next_at`: as of that instant and of each following one up to `now`, so that a
-/// late wake-up keeps the limiter's schedule. Of a longer stall only the last
-/// `quantum_min` is made up, and that counts what the limiter makes up by itself
-/// ([`RateLimiter::catch_up`], Redis leases): asking it as of `quantum_min` ago would
-/// add its catch-up on top, and a stall would come out as twice the burst.
+/// late wake-up keeps the limiter's schedule. Of a longer stall only the last `budget`
+/// (the scheduler's: `quantum_min` plus the wake slack) is made up, and that counts what
+/// the limiter makes up by itself ([`RateLimiter::catch_up`], Redis leases): asking it
+/// as of `budget` ago would add its catch-up on top, and a stall would come out as
+/// twice the burst.
 pub fn acquire_catching_up(
     limiter: &dyn RateLimiter,
     want: u32,
     next_at: Option<Nanos>,
     now: Nanos,
-    quantum_min: Nanos,
+    budget: Nanos,
 ) -> Grant {
-    let max_late = quantum_min.saturating_sub(limiter.catch_up());
+    let max_late = budget.saturating_sub(limiter.catch_up());
     let mut asked_at = match next_at {
         Some(t) if t <= now => t.max(now.saturating_sub(max_late)),
         _ => now,

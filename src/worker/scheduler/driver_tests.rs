@@ -121,12 +121,15 @@ async fn a_clock_apart_from_tokios_neither_slows_nor_spins_the_driver() {
     // 30 s at 1,000/s by a clock 1% fast, then 1% slow: 30,300 and 29,700 sends by the
     // campaign's own clock. Mapped from a fixed origin, the fast clock's sleeps grew 300
     // ms late by the end (most of each lost past quantum_min), and the slow one spun.
-    for (ppm, want) in [(10_000, 30_300), (-10_000, 29_700)] {
+    // Below that, at most what the slack holds back at the stop (as in the test below):
+    // at 1,000/s, one send per millisecond of it.
+    let held = SchedulerConfig::default().wake_slack.as_millis() as u64;
+    for (ppm, want) in [(10_000i64, 30_300u64), (-10_000, 29_700)] {
         let sends = sends_with_skew(ppm, 30).await;
         // ±2: the permit due at the start and the one at the stop (virtual time, no noise).
         assert!(
-            sends.abs_diff(want) <= 2,
-            "{ppm} ppm: {sends} sends, want {want}"
+            sends <= want + 2 && sends + 2 + held >= want,
+            "{ppm} ppm: {sends} sends, want {want} (−{held})"
         );
     }
 }

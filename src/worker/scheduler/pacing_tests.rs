@@ -160,3 +160,57 @@ fn a_second_counts_its_rate_to_under_one_send_when_its_edge_is_held() {
     let free = worst_second(0);
     assert!(free >= 1.0, "no edge: at most {free:.3} sends off");
 }
+
+#[test]
+fn the_slack_shrinks_only_above_its_sends_per_wake_up() {
+    let mut s = scheduler(1024);
+    add(&mut s, "a", 10_000.0, 1, 10_000);
+    s.run_round(0, 0);
+    let full = SchedulerConfig::default().wake_slack.as_nanos() as Nanos;
+    assert_eq!(s.slack(), full, "10,000/s: the whole slack");
+    add(&mut s, "b", 90_000.0, 1, 10_000);
+    s.run_round(MS, 0);
+    // 100,000/s: SENDS_PER_WAKE (200) sends' worth.
+    assert_eq!(s.slack(), 2 * MS);
+}
+
+/// One campaign at 1,000/s, its rounds where the driver asks for them
+/// ([`Scheduler::next_round_at`]), each 1 ms late, and once a further `stall` late,
+/// for 2 s and a last round; returns its sends, that round's instant and the largest
+/// round's sends.
+fn slack_run(stall: Nanos) -> (u64, Nanos, u64) {
+    let mut s = scheduler(1024);
+    add(&mut s, "c", 1_000.0, 10, 500);
+    let (mut now, mut stalled, mut largest) = (0, false, 0);
+    loop {
+        let before = s.stats().sends;
+        let wake = s.run_round(now, now / SEC);
+        largest = largest.max(s.stats().sends - before);
+        if now >= 2 * SEC {
+            return (s.stats().sends, now, largest);
+        }
+        let mut next = s.next_round_at(now, wake).max(now) + MS;
+        if !stalled && next >= SEC {
+            next += stall;
+            stalled = true;
+        }
+        now = next;
+    }
+}
+
+#[test]
+fn the_slack_does_not_use_up_what_a_late_wake_up_is_made_up_by() {
+    // A 9 ms stall puts a permit the slack (4 ms), the timer's 1 ms and the 9 behind: 14
+    // ms, past quantum_min. Made up from quantum_min alone, 3 sends were lost.
+    for stall in [0, 9 * MS] {
+        let (sends, end, largest) = slack_run(stall);
+        // The permit at 0 and one a millisecond up to the last round, to a send.
+        let want = 1 + end / MS;
+        assert!(
+            sends.abs_diff(want) <= 1,
+            "stall {stall}: {sends} sends, want {want}"
+        );
+        // One burst of at most rate × (quantum_min + slack), and the send due now.
+        assert!(largest <= 15, "a burst of {largest}");
+    }
+}

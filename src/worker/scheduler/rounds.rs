@@ -17,15 +17,29 @@ impl Scheduler {
 
     /// When the next round runs if nothing arrives first: at the instant `run_round`
     /// named (`wake`), at the latest the end of this round's quantum, and no sooner than
-    /// `wake_slack` after `now`. Without the slack a thousand campaigns name a thousand
-    /// instants a second and each costs a wake-up; with it one wake-up serves all that
-    /// fell due within it, and a turn up to `quantum_min` late loses no permit
-    /// ([`acquire_catching_up`]), so sends keep their limiter's schedule, shifted by at
-    /// most the slack.
+    /// the slack ([`Scheduler::slack`]) after `now`. Without the slack a thousand
+    /// campaigns name a thousand instants a second and each costs a wake-up; with it one
+    /// wake-up serves all that fell due within it, and a turn makes up the slack on top
+    /// of `quantum_min` ([`acquire_catching_up`]), so sends keep their limiter's
+    /// schedule, shifted by at most the slack.
     pub fn next_round_at(&self, now: Nanos, wake: Option<Nanos>) -> Nanos {
         let round_end = now + self.quantum().as_nanos() as Nanos;
-        let earliest = now + self.config.wake_slack.as_nanos() as Nanos;
+        let earliest = now + self.slack();
         wake.map_or(round_end, |w| w.max(earliest).min(round_end))
+    }
+
+    /// The wake slack in use: `wake_slack`, shortened at summed rates above
+    /// [`SENDS_PER_WAKE`] / `wake_slack` so that one wake-up releases about that many
+    /// sends at most (2 ms at 100,000/s). A wake-up costs the same whatever it serves,
+    /// so below that rate the full slack saves the most; above it the burst, not the
+    /// wake-up, is what to bound.
+    pub fn slack(&self) -> Nanos {
+        let max = self.config.wake_slack.as_nanos() as Nanos;
+        let sum = self.rate_sum();
+        if sum <= 0.0 {
+            return max;
+        }
+        max.min((SENDS_PER_WAKE / sum * NANOS_PER_SEC as f64) as Nanos)
     }
 
     /// One round: a turn for every active campaign. Returns when the scheduler next has
@@ -80,10 +94,12 @@ impl Scheduler {
             }
             return wake;
         }
-        let quantum_min = self.config.quantum_min.as_nanos() as Nanos;
+        // The slack delays a turn on purpose: it must not use up what a late wake-up
+        // may be made up by.
+        let budget = self.config.quantum_min.as_nanos() as Nanos + self.slack();
         let horizon = self.edge.horizon(now);
         let c = self.campaigns[slot as usize].as_mut()?;
-        let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, horizon, quantum_min);
+        let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, horizon, budget);
         c.next_at = grant.next_at;
         if cut && grant.granted == want {
             // Room, not its limiter, held it below its share.
