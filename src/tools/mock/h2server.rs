@@ -361,8 +361,8 @@ async fn serve_connection<H: Handler>(tcp: TcpStream, shared: Arc<Shared<H>>) {
 }
 
 /// How long a closed connection's socket stays open to read what the client still
-/// sends: Go's HTTP/2 server (and so Google's front ends) waits 1 s after its last
-/// GOAWAY, far above a loopback round trip.
+/// sends: Go's HTTP/2 server waits 1 s after its last GOAWAY before closing, far
+/// above a loopback round trip.
 const LINGER: Duration = Duration::from_secs(1);
 
 /// Closes a connection the way a real server does: its write side is already shut down
