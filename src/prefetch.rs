@@ -29,3 +29,12 @@ pub fn bytes<T: ?Sized>(p: *const T, len: usize) {
         off += LINE;
     }
 }
+
+/// The line of an `Arc`'s counts (just before its value in the same allocation), which
+/// a clone or a count check touches, and the value's first line.
+#[inline(always)]
+pub fn arc<T: ?Sized>(a: &std::sync::Arc<T>) {
+    let value = std::sync::Arc::as_ptr(a).cast::<u8>();
+    line(value.wrapping_sub(2 * std::mem::size_of::<usize>()));
+    line(value);
+}

@@ -39,6 +39,9 @@ const RING_MASK: u64 = RING_SECONDS - 1;
 const COUNT_BITS: u32 = 38;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 const LAP_LIMIT: u64 = 1 << (64 - COUNT_BITS);
+/// How many campaigns ahead a drain hints: a few memory latencies' worth of drains
+/// (each a handful of loads when its mask names one or two slots).
+const DRAIN_AHEAD: usize = 4;
 
 /// What happened to one device send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -88,6 +91,26 @@ impl CampaignCells {
             ring: [const { [const { AtomicU64::new(0) }; OUTCOMES] }; RING_SECONDS as usize],
             dirty: AtomicU64::new(0),
             spill: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Hints what a drain reads first: the handle count (just before the cells in
+    /// their `Arc`'s allocation) and the dirty mask.
+    fn prefetch_head(self: &Arc<Self>) {
+        crate::prefetch::arc(self);
+        crate::prefetch::line(&self.dirty);
+    }
+
+    /// Hints what a drain reads next: the id (counted once per row) and the slots the
+    /// mask names. Reads the mask, so best after [`Self::prefetch_head`] brought it in.
+    fn prefetch_dirty(&self) {
+        crate::prefetch::arc(&self.id);
+        let mut dirty = self.dirty.load(Ordering::Relaxed);
+        while dirty != 0 {
+            let index = dirty.trailing_zeros() as usize;
+            dirty &= dirty - 1;
+            let slot = &self.ring[index];
+            crate::prefetch::bytes(slot, std::mem::size_of_val(slot));
         }
     }
 
@@ -278,7 +301,17 @@ impl StatsRecorder {
     pub(crate) fn drain_counts(&self, mut sink: impl FnMut(&Arc<str>, u64, usize, u64)) {
         let mut campaigns = self.inner.campaigns.lock();
         let mut unused = Vec::new();
-        for (id, cells) in campaigns.iter() {
+        // A thousand campaigns' cells are cold once a second: hint each a few campaigns
+        // ahead (its handle count and mask, then its id and dirty slots), so that the
+        // misses overlap instead of queueing (docs/BENCHMARKS.md, fourteenth session).
+        let all: Vec<(&Arc<str>, &Arc<CampaignCells>)> = campaigns.iter().collect();
+        for (k, &(id, cells)) in all.iter().enumerate() {
+            if let Some((_, ahead)) = all.get(k + 2 * DRAIN_AHEAD) {
+                ahead.prefetch_head();
+            }
+            if let Some((_, ahead)) = all.get(k + DRAIN_AHEAD) {
+                ahead.prefetch_dirty();
+            }
             // Checked before draining: no handle now means no write after this point,
             // and none can be made while we hold the registry lock.
             if Arc::strong_count(cells) == 1 {
@@ -287,6 +320,7 @@ impl StatsRecorder {
             }
             cells.drain(|second, outcome, n| sink(&cells.id, second, outcome, n));
         }
+        drop(all);
         for id in unused {
             campaigns.remove(&id);
         }
