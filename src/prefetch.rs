@@ -30,8 +30,9 @@ pub fn bytes<T: ?Sized>(p: *const T, len: usize) {
     }
 }
 
-/// The line of an `Arc`'s counts (just before its value in the same allocation), which
-/// a clone or a count check touches, and the value's first line.
+/// The line of an `Arc`'s counts, which a clone or a count check touches, and the
+/// value's first line. The counts sit just before the value in std's layout; were that
+/// to change, the first hint would only miss its line.
 #[inline(always)]
 pub fn arc<T: ?Sized>(a: &std::sync::Arc<T>) {
     let value = std::sync::Arc::as_ptr(a).cast::<u8>();
