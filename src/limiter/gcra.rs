@@ -58,14 +58,51 @@ impl Gcra {
         u32::try_from(self.burst).unwrap_or(u32::MAX)
     }
 
-    /// Takes `n` permits with the given tolerance (ns × 2^8). `strict` callers (the
-    /// hierarchical limiter's burst permits) pass 0 so that they only use capacity that
-    /// nobody has used ahead of schedule.
+    /// Takes `n` permits due at `at`, decided as of `now` (`at ≤ now`): they pass when
+    /// the schedule is within the tolerance of `now`, and an idle schedule restarts at
+    /// `at`, so that a caller making up its own lateness fills the slots since `at`.
+    /// `strict` callers (the hierarchical limiter's burst permits) have no tolerance, so
+    /// that they only use capacity that nobody has used ahead of schedule.
     #[inline]
-    pub(crate) fn acquire_with(&self, n: u32, now: Nanos, strict: bool) -> Decision {
+    pub(crate) fn acquire_with(&self, n: u32, at: Nanos, now: Nanos, strict: bool) -> Decision {
         if n == 0 {
             return Decision::Allow;
         }
+        let (slack, cost) = self.batch_terms(n, strict);
+        let at_fp = to_fp(at.min(now));
+        let limit = to_fp(now).saturating_add(slack);
+        let mut tat = self.tat.load(Relaxed);
+        loop {
+            if tat > limit {
+                return Decision::WaitUntil(ceil_ns(tat - slack));
+            }
+            let next = tat.max(at_fp).saturating_add(cost);
+            match self.tat.compare_exchange_weak(tat, next, Relaxed, Relaxed) {
+                Ok(_) => return Decision::Allow,
+                Err(current) => tat = current,
+            }
+        }
+    }
+
+    /// What [`Gcra::acquire_with`] would decide now, taking nothing: one load. A caller
+    /// that must spend another limiter's permit first asks this, so that it does not
+    /// spend it for a batch this one refuses.
+    #[inline]
+    pub(crate) fn check_with(&self, n: u32, now: Nanos, strict: bool) -> Decision {
+        if n == 0 {
+            return Decision::Allow;
+        }
+        let (slack, _) = self.batch_terms(n, strict);
+        let tat = self.tat.load(Relaxed);
+        if tat > to_fp(now).saturating_add(slack) {
+            return Decision::WaitUntil(ceil_ns(tat - slack));
+        }
+        Decision::Allow
+    }
+
+    /// A batch of `n`'s tolerance and cost (ns × 2^8); `strict` has no tolerance.
+    #[inline]
+    fn batch_terms(&self, n: u32, strict: bool) -> (u64, u64) {
         let t = self.interval.load(Relaxed);
         let tau = if strict {
             0
@@ -73,20 +110,7 @@ impl Gcra {
             t.saturating_mul(self.burst)
         };
         let slack = tau.saturating_sub(t.saturating_mul(u64::from(n) - 1));
-        let cost = t.saturating_mul(u64::from(n));
-        let now_fp = to_fp(now);
-        let limit = now_fp.saturating_add(slack);
-        let mut tat = self.tat.load(Relaxed);
-        loop {
-            if tat > limit {
-                return Decision::WaitUntil(ceil_ns(tat - slack));
-            }
-            let next = tat.max(now_fp).saturating_add(cost);
-            match self.tat.compare_exchange_weak(tat, next, Relaxed, Relaxed) {
-                Ok(_) => return Decision::Allow,
-                Err(current) => tat = current,
-            }
-        }
+        (slack, t.saturating_mul(u64::from(n)))
     }
 }
 
@@ -134,7 +158,7 @@ impl RateLimiter for Gcra {
     }
 
     fn try_acquire_n(&self, n: u32, now: Nanos) -> Decision {
-        self.acquire_with(n, now, false)
+        self.acquire_with(n, now, now, false)
     }
 
     fn acquire_up_to(&self, max: u32, now: Nanos) -> Grant {

@@ -19,9 +19,19 @@
 //!    burst tolerance, has priority over it.
 //!
 //! Every permit of either class passes the global GCRA, so nothing pushes the global cap
-//! over. When the campaign's own limiter passes but the global cap refuses, the permit the
-//! own limiter gave out is not drawn from the bucket: it is returned to the burst bucket,
-//! to go later as a burst permit when the global cap has room.
+//! over. The global cap is asked first, without taking anything, so that the campaign's
+//! own limiter (which may be a shared Redis one) is not spent on a permit the cap refuses.
+//! Should the cap refuse after all (another thread took the slot in between), the permit
+//! the own limiter gave out is not drawn from the bucket: it is returned to the burst
+//! bucket, to go later as a burst permit when the global cap has room.
+//!
+//! The cap decides as of the latest instant any of its campaigns asked at. A scheduler
+//! asks a campaign's limiter as of the instant its permit fell due, which may be
+//! milliseconds past (a wake-up's slack, a late timer), while the others were asked as of
+//! now: decided as of that past instant, a cap the others keep busy refused permits it
+//! had room for now, and a campaign often late fell below its share. The permits still
+//! restart an idle cap's schedule at the instant they fell due, so that lateness is made
+//! up in the cap as in the campaign's own limiter (docs/ALGORITHMS.md).
 //!
 //! `WaitUntil` is a lower bound: nothing passes before it, and when the campaign's bucket
 //! or own limiter is the constraint it is exact. When the global cap is (or the class
@@ -31,6 +41,7 @@
 //! served; sharing them fairly is the scheduler's job (it visits campaigns in turn).
 
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::{
@@ -40,7 +51,26 @@ use super::{
 /// The global cap that campaigns are created under. Cheap to clone (one `Arc`).
 #[derive(Debug, Clone)]
 pub struct HierarchicalLimiter {
-    global: Arc<Gcra>,
+    global: Arc<Cap>,
+}
+
+/// The cap's GCRA and its clock: the latest instant it was asked at.
+#[derive(Debug)]
+struct Cap {
+    gcra: Gcra,
+    latest: AtomicU64,
+}
+
+impl Cap {
+    /// `now`, or the latest instant already asked at when that is later.
+    #[inline]
+    fn now(&self, now: Nanos) -> Nanos {
+        let latest = self.latest.load(Relaxed);
+        if now <= latest {
+            return latest;
+        }
+        self.latest.fetch_max(now, Relaxed).max(now)
+    }
 }
 
 impl HierarchicalLimiter {
@@ -48,7 +78,10 @@ impl HierarchicalLimiter {
     /// traffic (burst traffic gets none).
     pub fn new(global: Rate, global_burst: u32) -> Self {
         Self {
-            global: Arc::new(Gcra::new(global, global_burst)),
+            global: Arc::new(Cap {
+                gcra: Gcra::new(global, global_burst),
+                latest: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -77,12 +110,12 @@ impl HierarchicalLimiter {
 
     /// Changes the global cap from `now` on.
     pub fn set_global_rate(&self, rate: Rate, now: Nanos) {
-        self.global.set_rate(rate, now);
+        self.global.gcra.set_rate(rate, self.global.now(now));
     }
 
     /// The global cap's rate.
     pub fn global_rate(&self) -> Rate {
-        self.global.rate()
+        self.global.gcra.rate()
     }
 }
 
@@ -110,7 +143,7 @@ impl Bucket {
 #[derive(Debug)]
 pub struct CampaignLimiter {
     own: DynLimiter,
-    global: Arc<Gcra>,
+    global: Arc<Cap>,
     bucket: Mutex<Bucket>,
     burst: u64,
 }
@@ -130,17 +163,23 @@ impl CampaignLimiter {
             let short = u64::try_from(need - b.tokens).unwrap_or(u64::MAX);
             return Decision::WaitUntil(b.last.saturating_add(ceil_ns(short)));
         }
+        let global = &self.global.gcra;
+        let latest = self.global.now(now);
+        // Refused with its tolerance, a batch is refused without it too.
+        if let wait @ Decision::WaitUntil(_) = global.check_with(n, latest, false) {
+            return wait;
+        }
         match self.own.try_acquire_n(n, now) {
-            Decision::Allow => match self.global.acquire_with(n, now, false) {
+            Decision::Allow => match global.acquire_with(n, now, latest, false) {
                 Decision::Allow => {
                     b.tokens -= cost;
                     Decision::Allow
                 }
-                // The own limiter's permit is spent but not drawn from the bucket: it is
-                // returned to the burst, for when the global cap has room.
+                // Raced for the slot and lost: the own limiter's permit is spent but not
+                // drawn from the bucket, so it returns to the burst.
                 wait => wait,
             },
-            Decision::WaitUntil(own_at) => match self.global.acquire_with(n, now, true) {
+            Decision::WaitUntil(own_at) => match global.acquire_with(n, now, latest, true) {
                 Decision::Allow => {
                     b.tokens -= cost;
                     Decision::Allow

@@ -133,20 +133,24 @@ fn hierarchical_burst_uses_only_unused_global_capacity() {
 }
 
 #[test]
-fn hierarchical_permit_refused_by_global_returns_to_the_burst_bucket() {
+fn hierarchical_a_permit_the_cap_refuses_is_not_spent_from_the_own_limiter() {
     let global = HierarchicalLimiter::new(r(10.0), 0);
     let a = global.campaign(Algorithm::Gcra, r(1.0), 0);
     let b = global.campaign(Algorithm::Gcra, r(10.0), 0);
-    assert_eq!(b.try_acquire(0), Decision::Allow); // the global slot until 100 ms is b's
-                                                   // a's own limiter passes at 0, the global cap refuses: the permit goes back to a's
-                                                   // bucket instead of being lost.
+    // The global slot until 100 ms is b's.
+    assert_eq!(b.try_acquire(0), Decision::Allow);
+    // a's own limiter would pass at 0, but the cap refuses: the cap is asked first, and
+    // a's own permit is left for when the cap has room.
     assert_eq!(a.try_acquire(0), Decision::WaitUntil(100_000_000));
-    // At 100 ms a's own limiter would say 1 s (its slot is used), but the returned
-    // permit passes as a burst permit: the global slot at 100 ms is unused.
     assert_eq!(a.try_acquire(100_000_000), Decision::Allow);
     // Now the bucket is empty: the next permit is one interval after that send.
     assert_eq!(
         a.try_acquire(100_000_000),
+        Decision::WaitUntil(1_100_000_000)
+    );
+    // a's own limiter gave its permit at 100 ms, not at 0: its next one is at 1.1 s.
+    assert_eq!(
+        a.own().try_acquire(1_050_000_000),
         Decision::WaitUntil(1_100_000_000)
     );
 }
@@ -168,4 +172,26 @@ fn hierarchical_wait_is_a_lower_bound_when_global_binds() {
     };
     assert_eq!(t2, 200_000_000);
     assert_eq!(b.try_acquire(t2), Decision::Allow);
+}
+
+#[test]
+fn hierarchical_a_late_permit_is_decided_as_of_the_latest_instant() {
+    // Two campaigns of 5/s fill a 10/s cap (tolerance: one permit).
+    let ms = 1_000_000;
+    let global = HierarchicalLimiter::new(r(10.0), 1);
+    let a = global.campaign(Algorithm::Gcra, r(5.0), 0);
+    let b = global.campaign(Algorithm::Gcra, r(5.0), 0);
+    assert_eq!(a.try_acquire(0), Decision::Allow);
+    assert_eq!(b.try_acquire(0), Decision::Allow);
+    // A round at 300 ms: a is asked as of now, b as of 200 ms, when its permit fell due
+    // (the scheduler makes up a late turn so). The cap's schedule is at 400 ms after a,
+    // within its tolerance of now: b passes. Decided as of 200 ms it was refused.
+    assert_eq!(a.try_acquire(300 * ms), Decision::Allow);
+    assert_eq!(b.try_acquire(200 * ms), Decision::Allow);
+    // The cap still holds: its schedule is at 500 ms, so nothing passes before 400 ms.
+    let wait = b.try_acquire(350 * ms);
+    assert!(
+        matches!(wait, Decision::WaitUntil(t) if t >= 400 * ms),
+        "{wait:?}"
+    );
 }
