@@ -117,7 +117,7 @@ impl Load {
         self.seconds += 1;
         if generation != self.generation {
             // The pinned device finally finishes: the old jobs complete.
-            for j in &self.jobs {
+            for j in &mut self.jobs {
                 j.mark(0);
                 j.set_done(DEVICES);
             }
@@ -129,7 +129,7 @@ impl Load {
             c.record(second, Outcome::Failed, 3);
             c.record(second, Outcome::Retried, 7);
         }
-        for j in &self.jobs {
+        for j in &mut self.jobs {
             for d in last + 1 - STEP..=last {
                 j.mark(d);
             }

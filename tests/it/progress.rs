@@ -26,7 +26,7 @@ fn key(campaign: &str, job: &str, total: u32) -> JobKey {
 }
 
 /// Marks `devices` finished as the scheduler does: each one, then the prefix.
-fn finish(job: &JobProgressHandle, devices: impl IntoIterator<Item = u32>, prefix: u32) {
+fn finish(job: &mut JobProgressHandle, devices: impl IntoIterator<Item = u32>, prefix: u32) {
     for d in devices {
         job.mark(d);
     }
@@ -45,10 +45,10 @@ async fn the_same_job_id_under_two_campaigns_keeps_separate_progress() {
     let (pool, _) = fresh_database().await;
     let recorder = StatsRecorder::new();
     let flusher = Flusher::new(recorder.clone(), pool.clone(), FlusherConfig::default());
-    let first = recorder.track_job(key("first", "shared-id", 10));
-    finish(&first, 0..10, 10);
-    let second = recorder.track_job(key("second", "shared-id", 10));
-    finish(&second, 0..3, 3);
+    let mut first = recorder.track_job(key("first", "shared-id", 10));
+    finish(&mut first, 0..10, 10);
+    let mut second = recorder.track_job(key("second", "shared-id", 10));
+    finish(&mut second, 0..3, 3);
     let report = flusher.flush_now().await.unwrap();
     assert_eq!((report.progress_rows, report.statements), (2, 1));
     let a = stored(&pool, "first", "shared-id").await;
@@ -56,7 +56,7 @@ async fn the_same_job_id_under_two_campaigns_keeps_separate_progress() {
     assert!(a.is_complete() && a.devices_done == 10);
     assert_eq!((b.devices_done, b.is_complete()), (3, false));
     // The second campaign moves on; the first one's row is untouched.
-    finish(&second, [4], 3);
+    finish(&mut second, [4], 3);
     flusher.flush_now().await.unwrap();
     let b = stored(&pool, "second", "shared-id").await;
     assert_eq!(b.finished_after_prefix().collect::<Vec<_>>(), [4]);
@@ -73,9 +73,9 @@ async fn a_device_pinned_at_index_0_does_not_hold_back_the_others() {
     let recorder = StatsRecorder::new();
     let flusher = Flusher::new(recorder.clone(), pool.clone(), FlusherConfig::default());
     const N: u32 = 1_000;
-    let job = recorder.track_job(key("pinned", "job", N));
+    let mut job = recorder.track_job(key("pinned", "job", N));
     // Device 0 keeps retrying; 1..N finish.
-    finish(&job, 1..N, 0);
+    finish(&mut job, 1..N, 0);
     let report = flusher.flush_now().await.unwrap();
     assert_eq!(report.statements, 1);
     let p = stored(&pool, "pinned", "job").await;
@@ -86,7 +86,7 @@ async fn a_device_pinned_at_index_0_does_not_hold_back_the_others() {
     );
     assert!(!p.is_finished(0) && !p.is_complete());
     // Device 0 at last: the job is complete, the bitmap folded into the prefix.
-    finish(&job, [0], N);
+    finish(&mut job, [0], N);
     flusher.flush_now().await.unwrap();
     assert!(job.is_durably_complete());
     let p = stored(&pool, "pinned", "job").await;
@@ -120,8 +120,8 @@ async fn finished_sets_of_odd_sizes_round_trip_and_unite() {
     let mut jobs = Vec::new();
     for total in sizes {
         let prefix = total / 2;
-        let job = recorder.track_job(key("odd", &format!("job-{total}"), total));
-        finish(&job, expected(total, prefix), prefix);
+        let mut job = recorder.track_job(key("odd", &format!("job-{total}"), total));
+        finish(&mut job, expected(total, prefix), prefix);
         jobs.push(job);
     }
     let report = flusher.flush_now().await.unwrap();
@@ -140,8 +140,8 @@ async fn finished_sets_of_odd_sizes_round_trip_and_unite() {
     // Another worker's stale set for the 10,000-device job (prefix 100, device 101 and
     // 9,000) is united with the stored one, never written over it.
     let other = StatsRecorder::new();
-    let stale = other.track_job(key("odd", "job-10000", 10_000));
-    finish(&stale, [101, 9_000], 100);
+    let mut stale = other.track_job(key("odd", "job-10000", 10_000));
+    finish(&mut stale, [101, 9_000], 100);
     Flusher::new(other, pool.clone(), FlusherConfig::default())
         .flush_now()
         .await
@@ -258,8 +258,8 @@ async fn the_scheduler_sends_only_the_devices_not_finished_before() {
     const N: u32 = 10;
     {
         let recorder = StatsRecorder::new();
-        let job = recorder.track_job(key("resume", "job", N));
-        finish(&job, [0, 1, 5, 7], 2);
+        let mut job = recorder.track_job(key("resume", "job", N));
+        finish(&mut job, [0, 1, 5, 7], 2);
         Flusher::new(recorder, pool.clone(), FlusherConfig::default())
             .flush_now()
             .await
@@ -320,8 +320,8 @@ async fn the_progress_loader_answers_lookups_together_and_outlives_its_connectio
     let flusher = Flusher::new(recorder.clone(), pool.clone(), FlusherConfig::default());
     let handles: Vec<_> = (1..=20u32)
         .map(|j| {
-            let h = recorder.track_job(key("loaded", &format!("job-{j}"), 10));
-            finish(&h, 0..j.min(10), j.min(10));
+            let mut h = recorder.track_job(key("loaded", &format!("job-{j}"), 10));
+            finish(&mut h, 0..j.min(10), j.min(10));
             h
         })
         .collect();

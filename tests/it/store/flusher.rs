@@ -109,7 +109,7 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
         let recorder = StatsRecorder::new();
         let flusher = Flusher::new(recorder.clone(), pool.clone(), fast_config());
         let counter = recorder.campaign("crash");
-        let job = recorder.track_job(key.clone());
+        let mut job = recorder.track_job(key.clone());
         counter.record(BASE, Outcome::Sent, 38);
         counter.record(BASE, Outcome::Failed, 2);
         job.set_done(40);
@@ -151,7 +151,7 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
     let recorder = StatsRecorder::new();
     let flusher = Flusher::new(recorder.clone(), pool.clone(), fast_config());
     let counter = recorder.campaign("crash");
-    let job = recorder.track_job(key);
+    let mut job = recorder.track_job(key);
     job.set_done(stored.devices_done);
     counter.record(BASE + 2, Outcome::Sent, 60);
     job.set_done(100);
@@ -170,7 +170,7 @@ async fn after_a_crash_progress_resumes_from_the_last_flush() {
     assert!(done.completed_at.is_some());
     assert_eq!(store::totals(&pool, "crash").await.unwrap().sent, 98);
     // Progress never goes backwards, even if an old value is written late.
-    let stale = recorder.track_job(JobKey {
+    let mut stale = recorder.track_job(JobKey {
         job_id: "job-1".into(),
         campaign_id: "crash".into(),
         partition: 3,

@@ -35,7 +35,7 @@ async fn an_unreachable_database_loses_no_counts_and_raises_backpressure() {
     let stop = CancellationToken::new();
     let task = flusher.spawn(stop.clone());
     let counter = recorder.campaign("outage");
-    let job = recorder.track_job(JobKey {
+    let mut job = recorder.track_job(JobKey {
         job_id: "job-outage".into(),
         campaign_id: "outage".into(),
         partition: 0,
