@@ -269,8 +269,8 @@ pub struct Scheduler {
     in_flight: usize,
     completions: mpsc::UnboundedSender<Completion>,
     events: std::sync::mpsc::Sender<Event>,
-    /// Partitions being revoked, each set with the answer it waits for.
-    revoking: Vec<(Vec<i32>, oneshot::Sender<()>)>,
+    /// Partitions being revoked, and the jobs held until their revocation completes.
+    revoking: outlet::Revocations,
     draining: bool,
     /// Where dead letters and invalid tokens go (none in unit tests: marked at once).
     outcomes: Option<Outcomes>,
@@ -357,7 +357,7 @@ impl Scheduler {
             in_flight: 0,
             completions,
             events,
-            revoking: Vec::new(),
+            revoking: Default::default(),
             draining: false,
             outcomes: None,
             letters: VecDeque::new(),
@@ -514,6 +514,8 @@ mod lifecycle_tests;
 mod outcome_tests;
 #[cfg(test)]
 mod pacing_tests;
+#[cfg(test)]
+mod revoke_tests;
 #[cfg(test)]
 mod room_tests;
 

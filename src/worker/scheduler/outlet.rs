@@ -4,6 +4,32 @@
 
 use super::*;
 
+/// Revocations under way, and the jobs of their partitions that came meanwhile.
+#[derive(Default)]
+pub(super) struct Revocations {
+    /// Partitions being revoked, each set with the answer it waits for.
+    pub(super) pending: Vec<(Vec<i32>, oneshot::Sender<()>)>,
+    /// Jobs of a partition assigned again while still being revoked (its drain timed
+    /// out in intake, the rebalance gave it back), in arrival order: added once no
+    /// revocation of their partition is pending.
+    pub(super) held: VecDeque<IncomingJob>,
+}
+
+/// A job read again while its earlier copy `old` was being revoked: the devices that
+/// copy finished (its in-flight sends came back) are finished for it too, so they are
+/// not sent twice.
+fn carry_done(held: &mut VecDeque<IncomingJob>, old: &ActiveJob) {
+    let same = |h: &&mut IncomingJob| {
+        h.partition == old.partition && h.offset == old.offset && h.job.job_id == old.job.job_id
+    };
+    for h in held.iter_mut().filter(same) {
+        h.skip_done
+            .extend((0..old.total()).filter(|&i| old.is_done(i)));
+        h.skip_done.sort_unstable();
+        h.skip_done.dedup();
+    }
+}
+
 impl Scheduler {
     pub(super) fn dead_letter(&mut self, slot: u32, device: u32, reason: String) {
         let job = self.jobs[slot as usize].as_ref().expect("job");
@@ -33,12 +59,18 @@ impl Scheduler {
         self.free_jobs.push(slot);
         let cslot = job.campaign;
         let devices = job.total();
-        let _ = self.events.send(Event::JobFinished {
-            partition: job.partition,
-            offset: job.offset,
-            devices,
-            progress: job.progress,
-        });
+        if self.intake_gave_up(job.partition) {
+            // Intake forgot the partition when it stopped waiting for its revocation;
+            // a copy read again since counts instead.
+            carry_done(&mut self.revoking.held, &job);
+        } else {
+            let _ = self.events.send(Event::JobFinished {
+                partition: job.partition,
+                offset: job.offset,
+                devices,
+                progress: job.progress,
+            });
+        }
         if let Some(c) = self.campaigns[cslot as usize].as_mut() {
             c.open_jobs -= 1;
         }
@@ -47,7 +79,9 @@ impl Scheduler {
 
     /// Starts revoking partitions: their jobs leave the queues (no more dispatches, no
     /// retries); the answer goes once their in-flight sends are back. Several
-    /// revocations may overlap, each answered on its own.
+    /// revocations may overlap, each answered on its own. Jobs of these partitions held
+    /// for an earlier revocation go: intake forgets them now, and their next owner
+    /// reads them again.
     pub fn start_revoke(&mut self, partitions: Vec<i32>, done: oneshot::Sender<()>) {
         for slot in 0..self.jobs.len() as u32 {
             let Some(job) = self.jobs[slot as usize].as_ref() else {
@@ -61,18 +95,47 @@ impl Scheduler {
                 c.retries.retain(|Reverse(r)| r.slot != slot);
             }
         }
-        self.revoking.push((partitions, done));
+        self.revoking
+            .held
+            .retain(|j| !partitions.contains(&j.partition));
+        self.revoking.pending.push((partitions, done));
         self.check_revoke_done();
     }
 
     pub(super) fn is_revoking(&self, partition: i32) -> bool {
-        self.revoking.iter().any(|(p, _)| p.contains(&partition))
+        self.revoking
+            .pending
+            .iter()
+            .any(|(p, _)| p.contains(&partition))
+    }
+
+    /// Whether intake stopped waiting for the revocation of `partition` (its drain
+    /// timed out): it has forgotten the partition's offsets, so a job finished now must
+    /// not reach it (the partition may be assigned again, its jobs read again).
+    pub(super) fn intake_gave_up(&self, partition: i32) -> bool {
+        self.revoking
+            .pending
+            .iter()
+            .any(|(p, done)| p.contains(&partition) && done.is_closed())
+    }
+
+    /// Holds a job of a partition still being revoked (assigned again before the
+    /// revoked sends came back): intake counts it, so it is added once the revocation
+    /// completes, never dropped.
+    pub(super) fn hold_until_revoked(&mut self, job: IncomingJob) {
+        tracing::debug!(
+            partition = job.partition,
+            offset = job.offset,
+            "job of a partition still being revoked; held until its sends are back"
+        );
+        self.revoking.held.push_back(job);
     }
 
     pub(super) fn check_revoke_done(&mut self) {
         let mut k = 0;
-        while k < self.revoking.len() {
-            let partitions = &self.revoking[k].0;
+        let mut completed = false;
+        while k < self.revoking.pending.len() {
+            let partitions = &self.revoking.pending[k].0;
             let busy = self
                 .jobs
                 .iter()
@@ -82,9 +145,44 @@ impl Scheduler {
                 k += 1;
                 continue;
             }
-            let (partitions, done) = self.revoking.remove(k);
+            let (partitions, done) = self.revoking.pending.remove(k);
+            self.carry_done_to_held(&partitions);
             self.drop_partitions(&partitions);
             let _ = done.send(());
+            completed = true;
+        }
+        if completed {
+            self.admit_held();
+        }
+    }
+
+    /// Adds the held jobs whose partitions are no longer being revoked, in arrival
+    /// order. Not during a round (a turn may be walking the queues): the next round's
+    /// start admits them then.
+    pub(super) fn admit_held(&mut self) {
+        if self.in_round || self.revoking.held.is_empty() {
+            return;
+        }
+        let held = std::mem::take(&mut self.revoking.held);
+        let now = self.now_hint;
+        for job in held {
+            if self.is_revoking(job.partition) {
+                self.revoking.held.push_back(job);
+            } else {
+                self.add_job(job, now);
+            }
+        }
+    }
+
+    /// Carries what the revoked jobs of `partitions` finished to their held copies.
+    fn carry_done_to_held(&mut self, partitions: &[i32]) {
+        if self.revoking.held.is_empty() {
+            return;
+        }
+        for old in self.jobs.iter().flatten() {
+            if partitions.contains(&old.partition) {
+                carry_done(&mut self.revoking.held, old);
+            }
         }
     }
 

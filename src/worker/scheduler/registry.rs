@@ -53,6 +53,13 @@ impl Scheduler {
 
     /// Takes a job from the consumer.
     pub fn add_job(&mut self, incoming: IncomingJob, now: Nanos) {
+        self.now_hint = self.now_hint.max(now);
+        if self.is_revoking(incoming.partition) {
+            // Assigned again before its revoked sends came back: intake counts the job
+            // (offset, load, backlog), so it waits for the revocation, never dropped.
+            self.hold_until_revoked(incoming);
+            return;
+        }
         let IncomingJob {
             mut job,
             partition,
@@ -64,11 +71,6 @@ impl Scheduler {
             skip_capped,
             dispatched,
         } = incoming;
-        self.now_hint = self.now_hint.max(now);
-        if self.is_revoking(partition) {
-            // Revoked before it arrived: its next owner reads it again.
-            return;
-        }
         let campaign_id: Arc<str> = Arc::from(job.campaign_id.as_str());
         let settings = self
             .known

@@ -50,6 +50,8 @@ impl Scheduler {
         self.counters.rounds += 1;
         self.tick_lanes(now, unix_sec);
         self.settle_letters();
+        // Jobs held for a revocation that completed during the last round.
+        self.admit_held();
         self.sweep_known(now);
         let n = self.active.len();
         // The flusher holds too many unwritten rows, or the outcomes queue is full
