@@ -20,6 +20,7 @@
 //! Submodules: [`sections`] (the plain sections), [`sender`] (`[sender]`), [`providers`]
 //! and [`keys`] (named providers and their key material), `validate` (the checks).
 
+pub mod kafka;
 mod keys;
 pub mod providers;
 mod sections;
@@ -72,6 +73,11 @@ where
     use serde::de::{value::StrDeserializer, Error};
     let name = String::deserialize(d)?;
     T::deserialize(StrDeserializer::<serde::de::value::Error>::new(&name)).map_err(D::Error::custom)
+}
+
+/// [`ConfigError::Invalid`] for code outside `config` that checks a key.
+pub fn invalid_key(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    invalid(key, reason)
 }
 
 pub(crate) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
@@ -201,8 +207,10 @@ impl Settings {
         let sections = providers::sections(&built)?;
         let mut settings: Settings = built.try_deserialize()?;
         settings.database.drop_unsupported_params();
+        settings.kafka.resolve_secrets()?;
         settings.validate()?;
         settings.providers = providers::build(&settings.sender, sections)?;
+        settings.validate_drain()?;
         Ok(settings)
     }
 }

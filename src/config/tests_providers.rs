@@ -401,3 +401,30 @@ fn vapid_lifetime_is_bounded_and_pkcs8_keys_work() {
         "{e}"
     );
 }
+
+#[test]
+fn drain_timeout_must_outwait_the_longest_provider_timeout() {
+    let e = load_toml("", &[("PUSHPACE__WORKER__DRAIN_TIMEOUT_MS", "0")]).unwrap_err();
+    assert_eq!(e.to_string(), "worker.drain_timeout_ms: must be > 0");
+    // [sender]'s webhook: 5000 ms in base.toml.
+    let e = load_toml("", &[("PUSHPACE__WORKER__DRAIN_TIMEOUT_MS", "4999")]).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("worker.drain_timeout_ms: must be at least the longest provider timeout_ms (5000 ms, provider webhook)"),
+        "{e}"
+    );
+    assert!(load_toml("", &[("PUSHPACE__WORKER__DRAIN_TIMEOUT_MS", "5000")]).is_ok());
+    // A named provider's own timeout counts too.
+    let slow = r#"
+[providers.partner]
+kind = "webhook"
+url = "https://hooks.example/push"
+timeout_ms = 15000
+"#;
+    let e = load_toml(slow, &[]).unwrap_err();
+    assert!(
+        e.to_string().contains("(15000 ms, provider partner)"),
+        "{e}"
+    );
+    assert!(load_toml(slow, &[("PUSHPACE__WORKER__DRAIN_TIMEOUT_MS", "15000")]).is_ok());
+}

@@ -24,6 +24,34 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// `worker.drain_timeout_ms` covers the longest provider exchange (each provider's
+    /// `timeout_ms` bounds one send), so that a revocation's drain normally sees every
+    /// revoked send back. Checked once the providers are built. (A drain that still
+    /// times out loses nothing: the partition's jobs read again wait in the scheduler
+    /// for the revoked sends, docs/RELIABILITY.md.)
+    pub(super) fn validate_drain(&self) -> Result<(), ConfigError> {
+        let longest = self
+            .providers
+            .iter()
+            .filter_map(|p| p.spec.common().map(|c| (c.timeout, p.name.as_str())))
+            .max_by_key(|(t, _)| *t);
+        let Some((timeout, name)) = longest else {
+            return Ok(());
+        };
+        let ms = timeout.as_millis();
+        if u128::from(self.worker.drain_timeout_ms) < ms {
+            return Err(invalid(
+                "worker.drain_timeout_ms",
+                format!(
+                    "must be at least the longest provider timeout_ms ({ms} ms, provider {name}): a revocation must outwait a send"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl KafkaSettings {
     fn validate(&self) -> Result<(), ConfigError> {
         let k = self;
@@ -64,6 +92,10 @@ impl KafkaSettings {
         // A broker that holds every fetch (tansu) holds a new job this long: 5 s at most.
         if !(1..=5_000).contains(&k.fetch_wait_max_ms) {
             return Err(invalid("kafka.fetch_wait_max_ms", "must be 1–5000"));
+        }
+        self.validate_security()?;
+        if !k.is_embedded() {
+            crate::broker::check_properties(k)?;
         }
         Ok(())
     }
@@ -123,6 +155,11 @@ impl WorkerSettings {
         }
         if !(10..=60_000).contains(&w.stats_flush_ms) {
             return Err(invalid("worker.stats_flush_ms", "must be 10–60000"));
+        }
+        // A revocation waits this long for the revoked partitions' sends; 0 would give
+        // every rebalance up at once (see [`Settings::validate_drain`]).
+        if w.drain_timeout_ms == 0 {
+            return Err(invalid("worker.drain_timeout_ms", "must be > 0"));
         }
         if w.max_buffered_jobs == 0 {
             return Err(invalid("worker.max_buffered_jobs", "must be > 0"));
