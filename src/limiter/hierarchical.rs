@@ -117,6 +117,42 @@ impl HierarchicalLimiter {
     pub fn global_rate(&self) -> Rate {
         self.global.gcra.rate()
     }
+
+    /// The cap used as a gate beside a limiter it does not wrap (a provider's cap over
+    /// the sends that go through it, whichever campaign they belong to): how many of
+    /// `max` permits it passes as of `now` with its tolerance, taking nothing, and when
+    /// the next would pass if not all. Asked before the campaign's own limiter, so that
+    /// no campaign permit is spent on a send the cap refuses; [`Self::take`] then takes
+    /// what was sent. At most the cap's tolerance (`burst + 1`) at once.
+    pub fn room(&self, max: u32, now: Nanos) -> (u32, Option<Nanos>) {
+        let gcra = &self.global.gcra;
+        let latest = self.global.now(now);
+        let top = max.min(gcra.burst().saturating_add(1));
+        // `check_with(n)` passes for every n up to the answer (a larger batch has less
+        // slack): a binary search of a few loads, once per turn, not per send.
+        let (mut lo, mut hi) = (0u32, top);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            match gcra.check_with(mid, latest, false) {
+                Decision::Allow => lo = mid,
+                Decision::WaitUntil(_) => hi = mid - 1,
+            }
+        }
+        if lo == max {
+            return (lo, None);
+        }
+        match gcra.check_with(lo + 1, latest, false) {
+            Decision::WaitUntil(t) => (lo, Some(t)),
+            // Cut by the tolerance only: the rest may pass once these are taken.
+            Decision::Allow => (lo, Some(latest)),
+        }
+    }
+
+    /// Takes `n` permits of the gate (after [`Self::room`] passed them).
+    pub fn take(&self, n: u32, now: Nanos) -> Decision {
+        let latest = self.global.now(now);
+        self.global.gcra.acquire_with(n, now, latest, false)
+    }
 }
 
 #[derive(Debug)]

@@ -1,7 +1,10 @@
 //! Caps over several campaigns: `limiter.global_rate` over all of them, and each
-//! provider's `max_rate` over the campaigns that send through it. A campaign's limiter
-//! sits under the hierarchical limiter of each cap that applies (its provider's inside
-//! the global one), and its rate is set to its max-min fair share of each cap in turn.
+//! provider's `max_rate` over the sends that go through it. A campaign's limiter sits
+//! under the global cap's hierarchical limiter; a provider's cap is a gate each turn
+//! asks for the sends it makes through that provider (a campaign's jobs may name
+//! different providers: each device counts against the provider of its own job). A
+//! campaign's rate is set to its max-min fair share of the cap of the provider its next
+//! sends go through (`Campaign::provider`), then of the global cap.
 
 use super::Scheduler;
 use crate::limiter::hierarchical::HierarchicalLimiter;
@@ -32,31 +35,50 @@ pub(super) fn cap_limiter(rate: Rate, quantum_min: Nanos) -> HierarchicalLimiter
 }
 
 impl Scheduler {
-    /// A campaign's limiter at `rate`, under the caps that apply to it. Under a cap the
-    /// burst lives in the cap's soft burst bucket only, so that it uses capacity other
-    /// campaigns leave unused; under both caps the burst is the provider's bucket's.
-    pub(super) fn build_limiter(
-        &self,
-        s: &super::CampaignSettings,
-        rate: Rate,
-        provider: u16,
-    ) -> DynLimiter {
+    /// A campaign's limiter at `rate`, under the global cap when there is one (the burst
+    /// then lives in the cap's soft burst bucket only, so that it uses capacity other
+    /// campaigns leave unused). A provider's cap is not in it: a campaign's jobs may go
+    /// through several providers, so each turn asks the cap of the provider its sends go
+    /// through as a gate ([`Scheduler::provider_gate`]).
+    pub(super) fn build_limiter(&self, s: &super::CampaignSettings, rate: Rate) -> DynLimiter {
         let limiters = &self.config.limiters;
-        let pcap = self
+        match &self.global {
+            None => limiters.build_scoped(&s.id, s.algorithm, s.limiter_scope, rate, s.burst),
+            Some(g) => {
+                let own = limiters.build_scoped(&s.id, s.algorithm, s.limiter_scope, rate, 0);
+                Arc::new(g.campaign_with(own, s.burst))
+            }
+        }
+    }
+
+    /// How many of `want` sends through `provider` its `max_rate` cap passes now, and
+    /// when the next would pass if not all. Taking nothing: [`Self::provider_take`]
+    /// takes what the turn then sent.
+    pub(super) fn provider_gate(
+        &self,
+        provider: u16,
+        want: u32,
+        now: Nanos,
+    ) -> (u32, Option<Nanos>) {
+        match self
             .provider_caps
             .get(usize::from(provider))
-            .and_then(Option::as_ref);
-        if self.global.is_none() && pcap.is_none() {
-            return limiters.build_scoped(&s.id, s.algorithm, s.limiter_scope, rate, s.burst);
+            .and_then(Option::as_ref)
+        {
+            Some(cap) if want > 0 => cap.room(want, now),
+            _ => (want, None),
         }
-        let own = limiters.build_scoped(&s.id, s.algorithm, s.limiter_scope, rate, 0);
-        match (&self.global, pcap) {
-            (Some(g), None) => Arc::new(g.campaign_with(own, s.burst)),
-            (None, Some(p)) => Arc::new(p.campaign_with(own, s.burst)),
-            (Some(g), Some(p)) => {
-                Arc::new(g.campaign_with(Arc::new(p.campaign_with(own, s.burst)), 0))
-            }
-            (None, None) => unreachable!("handled above"),
+    }
+
+    /// Takes `n` sends through `provider` from its cap.
+    pub(super) fn provider_take(&self, provider: u16, n: u32, now: Nanos) {
+        if let Some(cap) = self
+            .provider_caps
+            .get(usize::from(provider))
+            .and_then(Option::as_ref)
+        {
+            // The gate passed them a moment ago on this one thread: nothing took the room.
+            let _ = cap.take(n, now);
         }
     }
 

@@ -204,7 +204,9 @@ struct Campaign {
     failed: u64,
     retried: u64,
     invalid: u64,
-    /// The provider of its first job: the cap it shares.
+    /// The provider its next sends go through (its oldest work's, set at each turn):
+    /// the cap whose share it takes, and the provider a turn asks for room and permits.
+    /// Each send still counts against its own job's provider.
     provider: u16,
     /// Stopped by a provider's configuration error until an operator resumes it.
     halt: Option<answers::HaltState>,
@@ -514,6 +516,8 @@ mod lifecycle_tests;
 mod outcome_tests;
 #[cfg(test)]
 mod pacing_tests;
+#[cfg(test)]
+mod provider_tests;
 #[cfg(test)]
 mod revoke_tests;
 #[cfg(test)]

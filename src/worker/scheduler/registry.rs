@@ -24,10 +24,7 @@ impl Scheduler {
         let effective = self.campaigns[slot as usize]
             .as_ref()
             .map_or(s.rate, |c| c.effective_rate);
-        let provider = self.campaigns[slot as usize]
-            .as_ref()
-            .map_or(0, |c| c.provider);
-        let limiter = rebuild.then(|| self.build_limiter(&s, effective, provider));
+        let limiter = rebuild.then(|| self.build_limiter(&s, effective));
         let c = self.campaigns[slot as usize]
             .as_mut()
             .expect("indexed campaign");
@@ -220,7 +217,7 @@ impl Scheduler {
         if let Some(&s) = self.by_id.get(&settings.id) {
             return s;
         }
-        let limiter = self.build_limiter(&settings, settings.rate, provider);
+        let limiter = self.build_limiter(&settings, settings.rate);
         let counter = self.stats.campaign(&settings.id);
         let effective_rate = settings.rate;
         let id = settings.id.clone();

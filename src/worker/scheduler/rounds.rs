@@ -96,6 +96,16 @@ impl Scheduler {
             }
             return wake;
         }
+        // The turn sends through one provider (its oldest work's): that provider's cap,
+        // not the campaign's first job's, passes them.
+        let provider = self.campaigns[slot as usize].as_ref()?.provider;
+        let (want, gate_at) = self.provider_gate(provider, want, now);
+        if let Some(t) = gate_at {
+            wake = Some(wake.map_or(t, |w| w.min(t)));
+        }
+        if want == 0 {
+            return wake;
+        }
         // The slack delays a turn on purpose: it must not use up what a late wake-up
         // may be made up by.
         let budget = self.config.quantum_min.as_nanos() as Nanos + self.slack();
@@ -103,7 +113,8 @@ impl Scheduler {
         let c = self.campaigns[slot as usize].as_mut()?;
         let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, horizon, budget);
         c.next_at = grant.next_at;
-        if cut && grant.granted == want {
+        self.provider_take(provider, grant.granted, now);
+        if cut && gate_at.is_none() && grant.granted == want {
             // Room, not its limiter, held it below its share.
             self.wait_for_room(slot);
         }
@@ -113,9 +124,47 @@ impl Scheduler {
                 .record((t - now) as f64 / NANOS_PER_SEC as f64);
             wake = Some(wake.map_or(t, |w| w.min(t)));
         }
-        let left = self.send_due_retries(slot, grant.granted, now, unix_sec);
-        self.send_queued(slot, left, now, unix_sec);
+        let left = self.send_due_retries(slot, grant.granted, provider, now, unix_sec);
+        self.send_queued(slot, left, provider, now, unix_sec);
+        if self.work_provider(slot, now).is_some_and(|p| p != provider) {
+            // Its next work goes through another provider: a turn for it next round.
+            self.mark_ready(slot);
+        }
         wake
+    }
+
+    /// The provider of a campaign's oldest work: its first due retry's job, else its
+    /// oldest queued job's.
+    pub(super) fn work_provider(&self, slot: u32, now: Nanos) -> Option<u16> {
+        let c = self.campaigns[slot as usize].as_ref()?;
+        let due = c
+            .retries
+            .peek()
+            .filter(|Reverse(r)| r.not_before <= now)
+            .map(|Reverse(r)| r.slot);
+        let jslot = due.or_else(|| c.queue.front().copied())?;
+        self.job_provider(jslot)
+    }
+
+    fn job_provider(&self, jslot: u32) -> Option<u16> {
+        self.jobs[jslot as usize]
+            .as_ref()
+            .map(|j| j.job.provider_slot)
+    }
+
+    /// The campaign's sends now go through `provider`: under a cap it takes its share
+    /// of that provider's (one max-min pass, once per change of provider, not per send).
+    fn follow_provider(&mut self, slot: u32, provider: u16, now: Nanos) {
+        let Some(c) = self.campaigns[slot as usize].as_mut() else {
+            return;
+        };
+        if c.provider == provider {
+            return;
+        }
+        c.provider = provider;
+        if self.is_capped() {
+            self.rebalance(now);
+        }
     }
 
     /// How many permits the turn asks for, the campaign's next retry instant, and
@@ -141,7 +190,14 @@ impl Scheduler {
         if let Some(t) = c.next_at.filter(|&t| t > now) {
             return Err(Some(self.edge.release_at(t)));
         }
-        if let Some(until) = self.lane_paused(c.provider, now) {
+        if let Some(p) = self.work_provider(slot, now) {
+            self.follow_provider(slot, p, now);
+        }
+        let Some(c) = self.campaigns[slot as usize].as_ref() else {
+            return Err(None);
+        };
+        let provider = c.provider;
+        if let Some(until) = self.lane_paused(provider, now) {
             // The provider asked for a pause: nothing until then, in-flight sends finish.
             return Err(Some(until));
         }
@@ -149,10 +205,11 @@ impl Scheduler {
         let Some(c) = self.campaigns[slot as usize].as_ref() else {
             return Err(None);
         };
+        // Only the work through the turn's provider: its cap and room are the ones asked.
         let ready_retries = c
             .retries
             .iter()
-            .filter(|Reverse(r)| r.not_before <= now)
+            .filter(|Reverse(r)| r.not_before <= now && self.job_provider(r.slot) == Some(provider))
             .count() as u32;
         // Work across job boundaries up to the room: were `want` cut at the end of a job,
         // the limiter would grant all of it and name no next instant, and the permits due
@@ -164,6 +221,9 @@ impl Scheduler {
                 break;
             }
             if let Some(job) = self.jobs[j as usize].as_ref() {
+                if job.job.provider_slot != provider {
+                    break;
+                }
                 undispatched = undispatched.saturating_add(job.total() - job.next - job.done_ahead);
             }
         }
@@ -202,7 +262,16 @@ impl Scheduler {
 
     /// Spends up to `permits` on the campaign's retries that are due (the oldest work);
     /// returns the permits left.
-    fn send_due_retries(&mut self, slot: u32, permits: u32, now: Nanos, unix_sec: u64) -> u32 {
+    /// Retries through another provider than the turn's wait for a turn of their own
+    /// (the next round's, `turn`), so that each send counts against its own provider.
+    fn send_due_retries(
+        &mut self,
+        slot: u32,
+        permits: u32,
+        provider: u16,
+        now: Nanos,
+        unix_sec: u64,
+    ) -> u32 {
         let mut left = permits;
         while left > 0 {
             let Some(c) = self.campaigns[slot as usize].as_mut() else {
@@ -211,8 +280,10 @@ impl Scheduler {
             if c.halt.is_some() {
                 break;
             }
-            match c.retries.peek() {
-                Some(Reverse(r)) if r.not_before <= now => {
+            let next = c.retries.peek().map(|Reverse(r)| (r.not_before, r.slot));
+            match next {
+                Some((at, jslot)) if at <= now && self.job_provider(jslot) == Some(provider) => {
+                    let c = self.campaigns[slot as usize].as_mut().expect("campaign");
                     let r = c.retries.pop().expect("peeked").0;
                     self.dispatch(
                         slot,
@@ -230,8 +301,9 @@ impl Scheduler {
         left
     }
 
-    /// Spends up to `permits` on the next devices of the campaign's queued jobs.
-    fn send_queued(&mut self, slot: u32, permits: u32, now: Nanos, unix_sec: u64) {
+    /// Spends up to `permits` on the next devices of the campaign's queued jobs that go
+    /// through `provider` (the turn's); a job through another waits for its own turn.
+    fn send_queued(&mut self, slot: u32, permits: u32, provider: u16, now: Nanos, unix_sec: u64) {
         let mut left = permits;
         while left > 0 {
             let Some(c) = self.campaigns[slot as usize].as_mut() else {
@@ -242,6 +314,9 @@ impl Scheduler {
             }
             let Some(&jslot) = c.queue.front() else { break };
             let job = self.jobs[jslot as usize].as_mut().expect("queued job");
+            if job.job.provider_slot != provider {
+                break;
+            }
             let device = job.next;
             job.next += 1;
             let skipped = job.is_done(device);
@@ -318,8 +393,8 @@ impl Scheduler {
             return;
         }
         if let Some(until) = self.lane_paused(provider, now) {
-            // A job of another provider than its campaign's first (whose lane the turn
-            // checked): its own provider asked for a pause. The device waits for it.
+            // Its provider asked for a pause after the turn looked at its lane (an
+            // answer handled inline). The device waits for it.
             let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
             c.retries.push(Reverse(RetryItem {
                 not_before: until,
