@@ -49,6 +49,14 @@ impl PartitionOffsets {
         Some(w)
     }
 
+    /// A commit of `offset` failed: hand it out again at the next call (the commit
+    /// timer's), unless a later watermark was handed out since.
+    pub fn commit_failed(&mut self, offset: i64) {
+        if self.committed == Some(offset) {
+            self.committed = None;
+        }
+    }
+
     pub fn pending(&self) -> usize {
         self.pending.len()
     }
@@ -96,6 +104,16 @@ impl OffsetTracker {
         out
     }
 
+    /// A commit of these watermarks failed: the next [`Self::take_new_watermarks`]
+    /// returns them again (without a move of the watermark they would never be retried).
+    pub fn commit_failed(&mut self, marks: &[(i32, i64)]) {
+        for (p, o) in marks {
+            if let Some(po) = self.partitions.get_mut(p) {
+                po.commit_failed(*o);
+            }
+        }
+    }
+
     /// Forgets a revoked partition; its unfinished jobs will be re-read by its next owner.
     pub fn forget(&mut self, partition: i32) {
         self.partitions.remove(&partition);
@@ -129,6 +147,25 @@ mod tests {
         assert_eq!(p.watermark(), Some(15));
         assert_eq!(p.take_new_watermark(), Some(15));
         assert_eq!(p.take_new_watermark(), None);
+    }
+
+    #[test]
+    fn a_failed_commit_is_handed_out_again() {
+        let mut t = OffsetTracker::default();
+        for o in 0..3 {
+            t.started(0, o);
+            t.finished(0, o);
+        }
+        assert_eq!(t.take_new_watermarks(), vec![(0, 3)]);
+        t.commit_failed(&[(0, 3)]);
+        assert_eq!(t.take_new_watermarks(), vec![(0, 3)], "retried");
+        assert_eq!(t.take_new_watermarks(), vec![], "once committed, not again");
+        // A failure of an older watermark does not hide a newer one handed out since.
+        t.started(0, 3);
+        t.finished(0, 3);
+        assert_eq!(t.take_new_watermarks(), vec![(0, 4)]);
+        t.commit_failed(&[(0, 3)]);
+        assert_eq!(t.take_new_watermarks(), vec![]);
     }
 
     proptest! {

@@ -67,6 +67,10 @@ impl State {
                     devices,
                     progress,
                 }) => {
+                    if !self.assigned.contains(&partition) {
+                        // Revoked, and forgotten: its next owner reads the job again.
+                        continue;
+                    }
                     self.backlog.finished(partition, offset);
                     // Its memory is freed now; only its offset waits for durability.
                     let l = self.load.entry(partition).or_default();
@@ -125,33 +129,15 @@ impl State {
         }
     }
 
-    pub fn commit(&mut self, consumer: &BaseConsumer<Ctx>, mode: CommitMode, all: bool) {
-        let marks = if all {
-            self.tracker.watermarks()
-        } else {
-            self.tracker.take_new_watermarks()
-        };
-        if marks.is_empty() {
+    pub fn commit(&mut self, consumer: &impl CommitOffsets, mode: CommitMode, all: bool) {
+        let Some(marks) = commit_watermarks(&mut self.tracker, &self.topic, consumer, mode, all)
+        else {
             return;
-        }
-        let mut tpl = TopicPartitionList::new();
-        for (p, o) in &marks {
-            if tpl
-                .add_partition_offset(&self.topic, *p, Offset::Offset(*o))
-                .is_err()
-            {
-                continue;
-            }
-        }
-        match consumer.commit(&tpl, mode) {
-            Ok(()) => {
-                self.stats.commits += 1;
-                if matches!(mode, CommitMode::Sync) {
-                    // An async commit is recorded by the commit callback.
-                    let _ = self.outcomes.record(Record::Committed(marks));
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "offset commit failed; will retry"),
+        };
+        self.stats.commits += 1;
+        if matches!(mode, CommitMode::Sync) {
+            // An async commit is recorded by the commit callback.
+            let _ = self.outcomes.record(Record::Committed(marks));
         }
     }
 
@@ -175,6 +161,72 @@ impl State {
         });
         self.ready.retain(|j| !partitions.contains(&j.partition));
     }
+}
+
+/// Where offset commits go: the consumer, or a test's stand-in.
+pub(super) trait CommitOffsets {
+    fn commit_offsets(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()>;
+}
+
+impl<C: ConsumerContext> CommitOffsets for BaseConsumer<C> {
+    fn commit_offsets(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()> {
+        self.commit(offsets, mode)
+    }
+}
+
+/// Commits the watermarks (`all`, or those that moved since the last commit); returns
+/// what was committed (for an async commit: handed to librdkafka). A failed commit's
+/// watermarks are handed out again, so the commit timer retries them even when the
+/// watermark stays where it is.
+pub(super) fn commit_watermarks(
+    tracker: &mut OffsetTracker,
+    topic: &str,
+    to: &impl CommitOffsets,
+    mode: CommitMode,
+    all: bool,
+) -> Option<Vec<(i32, i64)>> {
+    let marks = if all {
+        tracker.watermarks()
+    } else {
+        tracker.take_new_watermarks()
+    };
+    if marks.is_empty() {
+        return None;
+    }
+    let mut tpl = TopicPartitionList::new();
+    for (p, o) in &marks {
+        // Only a negative partition is refused; none comes from the broker.
+        let _ = tpl.add_partition_offset(topic, *p, Offset::Offset(*o));
+    }
+    match to.commit_offsets(&tpl, mode) {
+        Ok(()) => Some(marks),
+        Err(e) => {
+            tracing::warn!(error = %e, "offset commit failed; retried at the next commit interval");
+            tracker.commit_failed(&marks);
+            None
+        }
+    }
+}
+
+/// An async commit's result: a failed one's watermarks are handed out again, so the
+/// commit timer retries them.
+fn async_commit_done(tracker: &mut OffsetTracker, result: &KafkaResult<()>, marks: &[(i32, i64)]) {
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "async offset commit failed; retried at the next commit interval");
+        tracker.commit_failed(marks);
+    }
+}
+
+/// The marks of a commit's offset list.
+fn marks_of(offsets: &TopicPartitionList) -> Vec<(i32, i64)> {
+    offsets
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The rebalance, commit and statistics hooks.
@@ -263,22 +315,90 @@ impl ConsumerContext for Ctx {
         }
     }
 
-    /// Records offsets an async commit stored, so that progress behind them may go.
+    /// Records offsets an async commit stored, so that progress behind them may go; a
+    /// failed one's watermarks are handed out again for the commit timer.
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if result.is_err() {
+        let marks = marks_of(offsets);
+        if marks.is_empty() {
             return;
         }
-        let marks: Vec<(i32, i64)> = offsets
-            .elements()
-            .iter()
-            .filter_map(|e| match e.offset() {
-                Offset::Offset(o) => Some((e.partition(), o)),
-                _ => None,
-            })
-            .collect();
-        if !marks.is_empty() {
-            // Advisory (prune only): a full queue skips it, the next commit records it.
-            let _ = self.outcomes.record(Record::Committed(marks));
+        if result.is_err() {
+            // Served from a poll, outside any use of the state (try_lock: never a
+            // re-entrant deadlock should librdkafka call it from within a commit).
+            if let Some(mut s) = self.state.try_lock() {
+                async_commit_done(&mut s.tracker, &result, &marks);
+            }
+            return;
         }
+        // Advisory (prune only): a full queue skips it, the next commit records it.
+        let _ = self.outcomes.record(Record::Committed(marks));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// Fails the first `fail` commits, records the others.
+    struct Flaky {
+        fail: std::cell::Cell<usize>,
+        committed: RefCell<Vec<Vec<(i32, i64)>>>,
+    }
+
+    impl CommitOffsets for Flaky {
+        fn commit_offsets(&self, offsets: &TopicPartitionList, _: CommitMode) -> KafkaResult<()> {
+            if self.fail.get() > 0 {
+                self.fail.set(self.fail.get() - 1);
+                return Err(rdkafka::error::KafkaError::ConsumerCommit(
+                    rdkafka::types::RDKafkaErrorCode::RequestTimedOut,
+                ));
+            }
+            self.committed.borrow_mut().push(marks_of(offsets));
+            Ok(())
+        }
+    }
+
+    /// The consumer's commit timer: a tick commits what moved since the last one.
+    fn tick(tracker: &mut OffsetTracker, to: &Flaky) -> Option<Vec<(i32, i64)>> {
+        commit_watermarks(tracker, "jobs", to, CommitMode::Async, false)
+    }
+
+    #[test]
+    fn a_failed_commit_is_retried_at_the_next_tick_though_the_watermark_stays() {
+        let mut tracker = OffsetTracker::default();
+        for o in 0..5 {
+            tracker.started(1, o);
+            tracker.finished(1, o);
+        }
+        let to = Flaky {
+            fail: 1.into(),
+            committed: RefCell::default(),
+        };
+        assert_eq!(tick(&mut tracker, &to), None, "the first commit fails");
+        // Nothing new finished: the same watermark goes again.
+        assert_eq!(tick(&mut tracker, &to), Some(vec![(1, 5)]));
+        assert_eq!(*to.committed.borrow(), vec![vec![(1, 5)]]);
+        assert_eq!(tick(&mut tracker, &to), None, "committed once, not again");
+    }
+
+    #[test]
+    fn an_async_commit_that_fails_later_is_retried_at_the_next_tick() {
+        let mut tracker = OffsetTracker::default();
+        tracker.started(0, 7);
+        tracker.finished(0, 7);
+        let to = Flaky {
+            fail: 0.into(),
+            committed: RefCell::default(),
+        };
+        // Handed to librdkafka; the broker refuses it later (the commit callback).
+        let marks = tick(&mut tracker, &to).expect("a commit");
+        let refused = Err(rdkafka::error::KafkaError::ConsumerCommit(
+            rdkafka::types::RDKafkaErrorCode::NotCoordinator,
+        ));
+        async_commit_done(&mut tracker, &refused, &marks);
+        assert_eq!(tick(&mut tracker, &to), Some(vec![(0, 8)]), "retried");
+        async_commit_done(&mut tracker, &Ok(()), &[(0, 8)]);
+        assert_eq!(tick(&mut tracker, &to), None);
     }
 }
