@@ -9,13 +9,14 @@
 //! ([`EmbeddedBroker`]) so that the demo needs no broker install. Tests that prove
 //! pushpace works with Kafka use a real broker instead.
 
-use crate::config::KafkaSettings;
+use crate::config::{ConfigError, KafkaSettings};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+use secrecy::ExposeSecret;
 use std::time::Duration;
 
 /// Errors at the broker boundary.
@@ -27,22 +28,98 @@ pub enum BrokerError {
     CreateTopic { topic: String, reason: String },
     #[error("embedded broker: {0}")]
     Embedded(String),
+    /// No broker could be reached or it refused us; `cause` is librdkafka's own reason.
+    #[error("cannot connect to the Kafka brokers {brokers}: {cause}")]
+    Connect { brokers: String, cause: String },
 }
 
-/// Base client settings shared by consumers, producers and admin clients.
-pub fn client_config(bootstrap: &str) -> ClientConfig {
+/// Base client settings shared by consumers, producers and admin clients: the
+/// connection keys of `[kafka]` (TLS, SASL, `[kafka.properties]`) included, so that every
+/// client pushpace makes connects the same way.
+pub fn client_config(kafka: &KafkaSettings, bootstrap: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
         .set("client.id", "pushpace")
         // Fail fast on a dead broker in admin calls; consumers and producers reconnect.
         .set("socket.timeout.ms", "10000")
         .set("reconnect.backoff.max.ms", "2000");
+    if bootstrap_is_embedded(kafka, bootstrap) {
+        return c;
+    }
+    for (k, v) in kafka.properties.iter() {
+        c.set(k, v);
+    }
+    apply_security(kafka, &mut c);
     c
+}
+
+/// The in-process mock cluster speaks plaintext only, whatever the settings say.
+fn bootstrap_is_embedded(kafka: &KafkaSettings, bootstrap: &str) -> bool {
+    let _ = bootstrap;
+    kafka.is_embedded()
+}
+
+fn apply_security(kafka: &KafkaSettings, c: &mut ClientConfig) {
+    let p = kafka.security_protocol;
+    c.set("security.protocol", p.as_str());
+    if p.uses_sasl() {
+        if let Some(m) = kafka.sasl_mechanism {
+            c.set("sasl.mechanism", m.as_str());
+        }
+        if let Some(u) = &kafka.sasl_username {
+            c.set("sasl.username", u);
+        }
+        if let Some(pw) = &kafka.sasl_password {
+            c.set("sasl.password", pw.expose_secret());
+        }
+    }
+    if p.uses_tls() {
+        let files = [
+            ("ssl.ca.location", &kafka.ssl_ca_file),
+            ("ssl.certificate.location", &kafka.ssl_cert_file),
+            ("ssl.key.location", &kafka.ssl_key_file),
+        ];
+        for (name, file) in files {
+            if let Some(path) = file {
+                c.set(name, path.to_string_lossy());
+            }
+        }
+        if let Some(pw) = &kafka.ssl_key_password {
+            c.set("ssl.key.password", pw.expose_secret());
+        }
+        let check = if kafka.ssl_endpoint_identification {
+            "https"
+        } else {
+            "none"
+        };
+        c.set("ssl.endpoint.identification.algorithm", check);
+    }
+}
+
+/// Checks `[kafka.properties]` and the connection keys with librdkafka itself: an
+/// unknown property or a bad value is refused at start-up, naming the key (never the
+/// value, which may be a secret).
+pub fn check_properties(kafka: &KafkaSettings) -> Result<(), ConfigError> {
+    match client_config(kafka, &kafka.brokers).create_native_config() {
+        Ok(_) => Ok(()),
+        Err(KafkaError::ClientConfig(_, desc, key, _value)) => {
+            let shown = if kafka.properties.iter().any(|(k, _)| k == key) {
+                format!("kafka.properties.{key}")
+            } else {
+                format!("kafka ({key})")
+            };
+            Err(crate::config::invalid_key(
+                shown,
+                format!("librdkafka: {desc}"),
+            ))
+        }
+        Err(e) => Err(crate::config::invalid_key("kafka", e.to_string())),
+    }
 }
 
 /// A consumer-group member that stores offsets only when told to.
 pub fn consumer_config(settings: &KafkaSettings, bootstrap: &str) -> ClientConfig {
-    let mut c = client_config(bootstrap);
+    let mut c = client_config(settings, bootstrap);
     c.set("group.id", &settings.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -72,8 +149,8 @@ pub fn consumer_config(settings: &KafkaSettings, bootstrap: &str) -> ClientConfi
 }
 
 /// A producer that waits for all in-sync replicas, for jobs and dead letters.
-pub fn producer_config(bootstrap: &str) -> ClientConfig {
-    let mut c = client_config(bootstrap);
+pub fn producer_config(kafka: &KafkaSettings, bootstrap: &str) -> ClientConfig {
+    let mut c = client_config(kafka, bootstrap);
     c.set("acks", "all")
         .set("message.timeout.ms", "30000")
         .set("linger.ms", "5");
@@ -82,11 +159,12 @@ pub fn producer_config(bootstrap: &str) -> ClientConfig {
 
 /// Creates `topic` with `partitions` partitions if it does not exist yet.
 pub async fn ensure_topic(
+    kafka: &KafkaSettings,
     bootstrap: &str,
     topic: &str,
     partitions: i32,
 ) -> Result<(), BrokerError> {
-    let admin: AdminClient<DefaultClientContext> = client_config(bootstrap).create()?;
+    let admin: AdminClient<DefaultClientContext> = client_config(kafka, bootstrap).create()?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin.create_topics([&new], &opts).await?;
@@ -105,20 +183,70 @@ pub async fn ensure_topic(
     Ok(())
 }
 
-/// Asks the broker for metadata: the readiness probe of the broker.
-pub fn ping(bootstrap: &str, timeout: Duration) -> Result<usize, BrokerError> {
-    let consumer: BaseConsumer = client_config(bootstrap).create()?;
-    let md = consumer.fetch_metadata(None, timeout)?;
-    Ok(md.brokers().len())
+/// Asks the broker for metadata: the readiness probe of the broker, and the start-up
+/// check. On failure the error names the brokers and the cause librdkafka reported (a
+/// refused password, an untrusted certificate, a name mismatch), not only "timed out".
+pub fn ping(
+    kafka: &KafkaSettings,
+    bootstrap: &str,
+    timeout: Duration,
+) -> Result<usize, BrokerError> {
+    let consumer: BaseConsumer<LastError> =
+        client_config(kafka, bootstrap).create_with_context(LastError::default())?;
+    match consumer.fetch_metadata(None, timeout) {
+        Ok(md) => Ok(md.brokers().len()),
+        Err(e) => {
+            let cause = consumer.context().take().unwrap_or_else(|| e.to_string());
+            Err(BrokerError::Connect {
+                brokers: bootstrap.to_string(),
+                cause,
+            })
+        }
+    }
 }
+
+/// The start-up check: one metadata round trip within `kafka.session_timeout_ms`, so a
+/// wrong password, an untrusted certificate or a name mismatch stops start-up with one
+/// clear error instead of a silent retry loop.
+pub async fn check_connection(
+    kafka: &KafkaSettings,
+    bootstrap: &str,
+) -> Result<usize, BrokerError> {
+    let timeout = Duration::from_millis(kafka.session_timeout_ms);
+    let (kafka, bootstrap) = (kafka.clone(), bootstrap.to_string());
+    // librdkafka's metadata call blocks its thread.
+    tokio::task::spawn_blocking(move || ping(&kafka, &bootstrap, timeout))
+        .await
+        .map_err(|e| BrokerError::Embedded(format!("connection check task: {e}")))?
+}
+
+/// A client context that keeps the last error librdkafka reported (authentication, TLS),
+/// which a failed metadata call would otherwise hide behind a timeout.
+#[derive(Default)]
+pub struct LastError(parking_lot::Mutex<Option<String>>);
+
+impl LastError {
+    fn take(&self) -> Option<String> {
+        self.0.lock().take()
+    }
+}
+
+impl rdkafka::ClientContext for LastError {
+    fn error(&self, error: KafkaError, reason: &str) {
+        *self.0.lock() = Some(format!("{error}: {reason}"));
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for LastError {}
 
 /// The number of partitions of `topic`, or an error if the broker does not know it.
 pub fn partition_count(
+    kafka: &KafkaSettings,
     bootstrap: &str,
     topic: &str,
     timeout: Duration,
 ) -> Result<usize, BrokerError> {
-    let consumer: BaseConsumer = client_config(bootstrap).create()?;
+    let consumer: BaseConsumer = client_config(kafka, bootstrap).create()?;
     let md = consumer.fetch_metadata(Some(topic), timeout)?;
     Ok(md
         .topics()

@@ -294,6 +294,12 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     } else {
         settings.kafka.brokers.clone()
     };
+    let brokers = pushpace::broker::check_connection(&settings.kafka, &bootstrap).await?;
+    tracing::info!(
+        brokers,
+        security = settings.kafka.security_protocol.as_str(),
+        "Kafka answered"
+    );
     tracing::info!(brokers = %bootstrap, topic = %settings.kafka.topic, default_provider = %settings.sender.default_provider, "worker starting");
     let worker =
         pushpace::worker::Worker::start(&settings, pool.clone(), bootstrap.clone(), providers)
@@ -382,7 +388,9 @@ async fn produce(settings: &Settings, args: &ProduceArgs) -> anyhow::Result<()> 
         !settings.kafka.is_embedded(),
         "produce needs a real broker: set --brokers or PUSHPACE__KAFKA__BROKERS"
     );
+    pushpace::broker::check_connection(&settings.kafka, &settings.kafka.brokers).await?;
     pushpace::broker::ensure_topic(
+        &settings.kafka,
         &settings.kafka.brokers,
         &settings.kafka.topic,
         settings.kafka.partitions,
@@ -396,6 +404,7 @@ async fn produce(settings: &Settings, args: &ProduceArgs) -> anyhow::Result<()> 
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let jobs = pushpace::tools::produce::produce(
+        &settings.kafka,
         &settings.kafka.brokers,
         &settings.kafka.topic,
         &plan,

@@ -94,6 +94,8 @@ struct Inner {
     admin_token: SecretString,
     defaults: CampaignDefaults,
     bootstrap: String,
+    /// The connection keys the readiness check's client uses, as every client does.
+    kafka: crate::config::KafkaSettings,
     broker_timeout: Duration,
     worker: Option<WorkerView>,
     metrics: Option<PrometheusHandle>,
@@ -117,6 +119,7 @@ impl AppState {
                 admin_token: settings.http.admin_token.clone(),
                 defaults: crate::worker::campaign_defaults(settings),
                 bootstrap,
+                kafka: settings.kafka.clone(),
                 broker_timeout: Duration::from_secs(2),
                 worker,
                 metrics,

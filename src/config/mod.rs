@@ -28,6 +28,8 @@ mod sender;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_kafka;
+#[cfg(test)]
 mod tests_providers;
 mod validate;
 

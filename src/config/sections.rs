@@ -3,12 +3,14 @@
 
 use super::by_name;
 // The domain enums live with their modules; re-exported so `config::` paths still work.
+use super::kafka::{KafkaProperties, SaslMechanism, SecurityProtocol};
 pub use crate::distributed::RedisAlgorithm;
 use crate::limiter::{Algorithm, Rate};
 pub use crate::limiter::{LimiterScope, UnknownScope};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// `[hygiene]`: the Bloom filter in front of `invalid_tokens` (see `crate::hygiene`).
@@ -146,6 +148,38 @@ pub struct KafkaSettings {
     pub fetch_wait_max_ms: u64,
     #[serde(deserialize_with = "by_name")]
     pub assignment_strategy: AssignmentStrategy,
+    /// plaintext | ssl | sasl_plaintext | sasl_ssl (src/config/kafka.rs).
+    #[serde(default, deserialize_with = "by_name")]
+    pub security_protocol: SecurityProtocol,
+    #[serde(default)]
+    pub sasl_mechanism: Option<SaslMechanism>,
+    #[serde(default)]
+    pub sasl_username: Option<String>,
+    /// Also `PUSHPACE__KAFKA__SASL_PASSWORD`; or read from `sasl_password_file` at load.
+    #[serde(default)]
+    pub sasl_password: Option<SecretString>,
+    #[serde(default)]
+    pub sasl_password_file: Option<PathBuf>,
+    /// PEM CA certificates to trust (else the system's).
+    #[serde(default)]
+    pub ssl_ca_file: Option<PathBuf>,
+    /// Mutual TLS: the client's certificate and key (PEM).
+    #[serde(default)]
+    pub ssl_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub ssl_key_file: Option<PathBuf>,
+    #[serde(default)]
+    pub ssl_key_password: Option<SecretString>,
+    /// Check that the broker's certificate names the host connected to.
+    #[serde(default = "yes")]
+    pub ssl_endpoint_identification: bool,
+    /// Any other librdkafka property, passed through to every client.
+    #[serde(default)]
+    pub properties: KafkaProperties,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl KafkaSettings {

@@ -48,12 +48,17 @@ impl Membership {
 /// Reads the group's members from the broker every [`WATCH_EVERY`] on a blocking
 /// thread, until the factory is dropped. A broker that cannot describe the group leaves
 /// the estimate in force.
-pub(crate) fn watch_group(inner: Weak<Inner>, bootstrap: &str, group_id: &str) {
+pub(crate) fn watch_group(
+    inner: Weak<Inner>,
+    kafka: &crate::config::KafkaSettings,
+    bootstrap: &str,
+    group_id: &str,
+) {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let Some(i) = inner.upgrade() else { return };
     let runtime = i.runtime.clone();
     drop(i);
-    let consumer: BaseConsumer = match crate::broker::client_config(bootstrap).create() {
+    let consumer: BaseConsumer = match crate::broker::client_config(kafka, bootstrap).create() {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch the consumer group; using limiter.workers_estimate");

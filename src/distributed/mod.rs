@@ -172,8 +172,13 @@ impl RedisLimiterFactory {
 
     /// Follows the consumer group's live members, for [`Self::workers`]; see
     /// [`fallback::watch_group`].
-    pub fn watch_group(&self, bootstrap: &str, group_id: &str) {
-        fallback::watch_group(Arc::downgrade(&self.inner), bootstrap, group_id);
+    pub fn watch_group(
+        &self,
+        kafka: &crate::config::KafkaSettings,
+        bootstrap: &str,
+        group_id: &str,
+    ) {
+        fallback::watch_group(Arc::downgrade(&self.inner), kafka, bootstrap, group_id);
     }
 
     /// A campaign limiter sharing `rate` through Redis (`redis.algorithm`), its leased

@@ -22,6 +22,8 @@ pub struct ScopedLimiters {
     clock: Arc<dyn Clock>,
     /// The consumer group to count workers in: (bootstrap, group id).
     group: Option<(String, String)>,
+    /// The connection keys for the group watcher's client.
+    kafka: crate::config::KafkaSettings,
     redis: OnceLock<Option<RedisLimiterFactory>>,
 }
 
@@ -38,6 +40,7 @@ impl ScopedLimiters {
             config: RedisConfig::from_settings(settings),
             clock,
             group,
+            kafka: settings.kafka.clone(),
             redis: OnceLock::new(),
         };
         if s.default == LimiterScope::Redis {
@@ -50,7 +53,7 @@ impl ScopedLimiters {
     fn start_redis(&self) -> Result<RedisLimiterFactory, DistributedError> {
         let f = RedisLimiterFactory::new(self.config.clone(), Arc::clone(&self.clock))?;
         if let Some((bootstrap, group)) = &self.group {
-            f.watch_group(bootstrap, group);
+            f.watch_group(&self.kafka, bootstrap, group);
         }
         Ok(f)
     }

@@ -118,6 +118,7 @@ pub async fn run(settings: Settings, args: &DemoArgs) -> Result<Vec<DemoRow>, De
     let run_id = format!("demo{}", chrono::Utc::now().format("%H%M%S"));
     let (plan, algorithms, scheduled) = plan_campaigns(&settings, &pool, args, &run_id).await?;
     let mut feeder = Feeder::new(
+        &settings.kafka,
         &bootstrap,
         &settings.kafka.topic,
         &run_id,
@@ -169,6 +170,7 @@ async fn broker_and_database(
         (Some(embedded), bootstrap)
     } else {
         crate::broker::ensure_topic(
+            &settings.kafka,
             &settings.kafka.brokers,
             &settings.kafka.topic,
             settings.kafka.partitions,

@@ -4,6 +4,7 @@
 //! worker sees every campaign at once, as in production.
 
 use crate::broker::{self, BrokerError};
+use crate::config::KafkaSettings;
 use crate::job::Job;
 use crate::limiter::{Algorithm, Rate};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -179,23 +180,25 @@ impl TokenStyle {
 
 /// Writes every job of `plan` to `topic`; calls `progress(devices)` after each job.
 pub async fn produce(
+    kafka: &KafkaSettings,
     bootstrap: &str,
     topic: &str,
     plan: &ProducePlan,
     progress: impl FnMut(usize),
 ) -> Result<usize, BrokerError> {
-    produce_styled(bootstrap, topic, plan, &TokenStyle::Plain, progress).await
+    produce_styled(kafka, bootstrap, topic, plan, &TokenStyle::Plain, progress).await
 }
 
 /// [`produce`] with devices and payload in a provider's shape.
 pub async fn produce_styled(
+    kafka: &KafkaSettings,
     bootstrap: &str,
     topic: &str,
     plan: &ProducePlan,
     style: &TokenStyle,
     mut progress: impl FnMut(usize),
 ) -> Result<usize, BrokerError> {
-    let producer: FutureProducer = broker::producer_config(bootstrap).create()?;
+    let producer: FutureProducer = broker::producer_config(kafka, bootstrap).create()?;
     let mut pending = futures::stream::FuturesUnordered::new();
     let mut sent = 0usize;
     use futures::StreamExt;

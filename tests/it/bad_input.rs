@@ -254,7 +254,7 @@ impl Suite {
 
 fn producer() -> Producer {
     Producer::with(
-        pushpace::broker::producer_config(&brokers())
+        pushpace::broker::producer_config(&crate::helpers::kafka(), &brokers())
             // Room for the oversized message (the worker's own limit is 1 MiB).
             .set("message.max.bytes", "4194304"),
     )

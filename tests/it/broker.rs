@@ -21,6 +21,7 @@ fn kafka_settings(group: &str) -> KafkaSettings {
         heartbeat_interval_ms: 1000,
         fetch_wait_max_ms: 100,
         assignment_strategy: AssignmentStrategy::CooperativeSticky,
+        ..crate::helpers::kafka()
     }
 }
 
@@ -48,7 +49,7 @@ async fn group_resumes_exactly_after_commits_across_a_broker_restart() {
     let mut broker = TansuBroker::start().await;
     let bootstrap = broker.bootstrap();
     let topic = unique_name("smoke");
-    pushpace::broker::ensure_topic(&bootstrap, &topic, 4)
+    pushpace::broker::ensure_topic(&crate::helpers::kafka(), &bootstrap, &topic, 4)
         .await
         .expect("create topic");
 
@@ -114,6 +115,7 @@ async fn group_resumes_exactly_after_commits_across_a_broker_restart() {
 fn embedded_broker_starts_and_answers_metadata() {
     let embedded = pushpace::broker::EmbeddedBroker::start(&[("demo.jobs", 3)]).unwrap();
     let n = pushpace::broker::partition_count(
+        &crate::helpers::kafka(),
         embedded.bootstrap_servers(),
         "demo.jobs",
         Duration::from_secs(10),

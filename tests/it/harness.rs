@@ -360,7 +360,10 @@ impl Producer {
 
     /// On the broker at `bootstrap`.
     pub fn on(bootstrap: &str) -> Producer {
-        Producer::with(&pushpace::broker::producer_config(bootstrap))
+        Producer::with(&pushpace::broker::producer_config(
+            &crate::helpers::kafka(),
+            bootstrap,
+        ))
     }
 
     /// With a configuration of the test's own.
@@ -424,7 +427,7 @@ pub async fn produce_jobs(topic: &str, jobs: &[Job], partition: Option<i32>) {
 
 /// Every job of `plan` to `topic` on the shared broker, keyed by campaign.
 pub async fn produce_plan(topic: &str, plan: &ProducePlan) {
-    pushpace::tools::produce::produce(&brokers(), topic, plan, |_| {})
+    pushpace::tools::produce::produce(&crate::helpers::kafka(), &brokers(), topic, plan, |_| {})
         .await
         .expect("produce");
 }

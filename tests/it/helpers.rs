@@ -229,6 +229,11 @@ pub async fn pacing_lock() -> tokio::sync::MutexGuard<'static, ()> {
 }
 
 /// Settings for a worker under test: the repo's config with the given overrides.
+/// The test broker's connection keys (plaintext on loopback), for the broker helpers.
+pub fn kafka() -> pushpace::config::KafkaSettings {
+    test_settings(&[]).kafka
+}
+
 pub fn test_settings(overrides: &[(&str, String)]) -> pushpace::config::Settings {
     pushpace::config::Settings::load(&pushpace::config::LoadOptions {
         config_dir: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/config").into()),
@@ -241,7 +246,7 @@ pub fn test_settings(overrides: &[(&str, String)]) -> pushpace::config::Settings
 /// A topic of the test's own on the shared broker.
 pub async fn fresh_topic(partitions: i32) -> String {
     let topic = unique_name("jobs");
-    pushpace::broker::ensure_topic(&brokers(), &topic, partitions)
+    pushpace::broker::ensure_topic(&crate::helpers::kafka(), &brokers(), &topic, partitions)
         .await
         .expect("create topic");
     topic

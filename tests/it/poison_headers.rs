@@ -42,11 +42,12 @@ fn read_back(
     count: usize,
     mut check: impl FnMut(usize, &BorrowedMessage<'_>),
 ) {
-    let consumer: BaseConsumer = pushpace::broker::client_config(bootstrap)
-        .set("group.id", unique_name("poison"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+    let consumer: BaseConsumer =
+        pushpace::broker::client_config(&crate::helpers::kafka(), bootstrap)
+            .set("group.id", unique_name("poison"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, 0, Offset::Beginning)
         .unwrap();

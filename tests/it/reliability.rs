@@ -99,13 +99,13 @@ async fn a_broker_restart_mid_run_loses_nothing() {
     let bootstrap = broker.bootstrap();
     let (_pool, db_url) = fresh_database().await;
     let topic = unique_name("jobs");
-    pushpace::broker::ensure_topic(&bootstrap, &topic, 4)
+    pushpace::broker::ensure_topic(&crate::helpers::kafka(), &bootstrap, &topic, 4)
         .await
         .unwrap();
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
     let plan = plan(&[(500.0, 3000)]);
     let total = plan.total_devices() as u64;
-    pushpace::tools::produce::produce(&bootstrap, &topic, &plan, |_| {})
+    pushpace::tools::produce::produce(&crate::helpers::kafka(), &bootstrap, &topic, &plan, |_| {})
         .await
         .unwrap();
     let group = unique_name("g");

@@ -75,7 +75,9 @@ async fn check_broker(state: &AppState) -> Check {
     let bootstrap = state.inner.bootstrap.clone();
     let timeout = state.inner.broker_timeout;
     // librdkafka's metadata call blocks its thread.
-    let ping = tokio::task::spawn_blocking(move || crate::broker::ping(&bootstrap, timeout));
+    let kafka = state.inner.kafka.clone();
+    let ping =
+        tokio::task::spawn_blocking(move || crate::broker::ping(&kafka, &bootstrap, timeout));
     match tokio::time::timeout(timeout + StdDuration::from_secs(1), ping).await {
         Ok(Ok(Ok(n))) => Check {
             ok: true,

@@ -391,9 +391,18 @@ impl Ctx {
         style: &produce::TokenStyle,
     ) -> Result<(), BenchError> {
         let brokers = &self.settings.kafka.brokers;
-        crate::broker::ensure_topic(brokers, topic, self.settings.kafka.partitions).await?;
+        crate::broker::ensure_topic(
+            &self.settings.kafka,
+            brokers,
+            topic,
+            self.settings.kafka.partitions,
+        )
+        .await?;
         let bar = progress_bar(plan.total_devices() as u64, "producing");
-        produce::produce_styled(brokers, topic, plan, style, |d| bar.inc(d as u64)).await?;
+        produce::produce_styled(&self.settings.kafka, brokers, topic, plan, style, |d| {
+            bar.inc(d as u64)
+        })
+        .await?;
         bar.finish_and_clear();
         eprintln!(
             "[bench] produced {} jobs, {} devices to {topic}",

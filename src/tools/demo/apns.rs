@@ -64,6 +64,7 @@ pub(super) async fn run(
     let style = TokenStyle::ApnsHex { dead: Some(0) };
     let dead = style.device(&run_id, &plan.campaigns[0].id, 0, 0);
     let mut feeder = Feeder::new(
+        &settings.kafka,
         &bootstrap,
         &settings.kafka.topic,
         &run_id,

@@ -10,6 +10,7 @@
 //! is found by comparing them with the low watermarks ([`Feeder::below_low_watermark`]).
 
 use crate::broker::{self, BrokerError};
+use crate::config::KafkaSettings;
 use crate::job::Job;
 use crate::tools::produce::{PlannedCampaign, TokenStyle};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -58,6 +59,7 @@ struct Fed {
 /// Produces the demo's campaigns a bounded time ahead of their deliveries.
 pub struct Feeder {
     producer: FutureProducer,
+    kafka: KafkaSettings,
     bootstrap: String,
     topic: String,
     run_id: String,
@@ -72,6 +74,7 @@ impl Feeder {
     /// A feeder for `campaigns` with devices and payload in `style`; `open_ended`
     /// campaigns are fed until [`Feeder::stop`], ignoring their planned device count.
     pub fn new(
+        kafka: &KafkaSettings,
         bootstrap: &str,
         topic: &str,
         run_id: &str,
@@ -79,7 +82,7 @@ impl Feeder {
         campaigns: Vec<PlannedCampaign>,
         open_ended: bool,
     ) -> Result<Self, BrokerError> {
-        let producer: FutureProducer = broker::producer_config(bootstrap).create()?;
+        let producer: FutureProducer = broker::producer_config(kafka, bootstrap).create()?;
         let payload = RawValue::from_string(style.payload().to_string()).expect("static JSON");
         let campaigns = campaigns
             .into_iter()
@@ -100,6 +103,7 @@ impl Feeder {
             .collect();
         Ok(Self {
             producer,
+            kafka: kafka.clone(),
             bootstrap: bootstrap.to_string(),
             topic: topic.to_string(),
             run_id: run_id.to_string(),
@@ -184,7 +188,8 @@ impl Feeder {
     /// delivered and are among these were dropped by the broker before the worker could
     /// read them. Asks the broker for the watermarks.
     pub fn below_low_watermark(&self) -> Result<HashMap<usize, usize>, BrokerError> {
-        let consumer: BaseConsumer = broker::client_config(&self.bootstrap).create()?;
+        let consumer: BaseConsumer =
+            broker::client_config(&self.kafka, &self.bootstrap).create()?;
         let mut low: HashMap<i32, i64> = HashMap::new();
         let mut dropped = HashMap::new();
         for &(partition, offset, ci, devices) in &self.written {

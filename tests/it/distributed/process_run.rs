@@ -87,7 +87,7 @@ pub(super) async fn start_workers(
 ) -> ProcessRun {
     let (_pool, db_url) = fresh_database().await;
     let topic = unique_name("jobs");
-    pushpace::broker::ensure_topic(&brokers(), &topic, 6)
+    pushpace::broker::ensure_topic(&crate::helpers::kafka(), &brokers(), &topic, 6)
         .await
         .unwrap();
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
