@@ -67,7 +67,9 @@ pub enum SendOutcome {
     Mismatch { dead_token: bool, reason: String },
     /// A configuration error: the campaign (or, with [`HaltScope::Provider`], every
     /// campaign on this provider) stops sending until an operator resumes it. The device
-    /// is not finished and nothing is dead-lettered because of the halt.
+    /// is not finished and nothing is dead-lettered because of the halt. With
+    /// [`HaltScope::Majority`] it is one only when most of the campaign's recent answers
+    /// from the device's origin say so; otherwise the device alone is rejected.
     Halt { scope: HaltScope, reason: String },
 }
 
@@ -79,6 +81,10 @@ pub enum HaltScope {
     /// The provider's own configuration is wrong (key, topic, credentials): every
     /// campaign that sends through it.
     Provider,
+    /// An answer that real services give per device as well (Web Push 401/403/413, FCM
+    /// `THIRD_PARTY_AUTH_ERROR`): the campaign halts only when most of its recent answers
+    /// from the device's origin carry it; else the device is dead-lettered with `reason`.
+    Majority,
 }
 
 impl SendOutcome {

@@ -139,7 +139,7 @@ async fn each_error_maps_to_its_class() {
         matches!(
             &got[6],
             SendOutcome::Halt {
-                scope: HaltScope::Provider,
+                scope: HaltScope::Majority,
                 ..
             }
         ),

@@ -136,7 +136,7 @@ async fn webpush_gone_and_unknown_subscriptions_are_dead_tokens() {
 }
 
 #[tokio::test]
-async fn webpush_a_vapid_key_the_service_does_not_expect_halts_the_provider() {
+async fn webpush_a_vapid_key_the_service_does_not_expect_is_judged_by_majority() {
     let s = setup(webpush::vapid::DEFAULT_LIFETIME).await;
     // The subscriptions were made with another application server key.
     let other =
@@ -151,7 +151,7 @@ async fn webpush_a_vapid_key_the_service_does_not_expect_halts_the_provider() {
         matches!(
             out,
             SendOutcome::Halt {
-                scope: HaltScope::Provider,
+                scope: HaltScope::Majority,
                 ..
             }
         ),

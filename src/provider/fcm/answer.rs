@@ -10,6 +10,10 @@
 //! on `message.token`, or (no field violations at all) a message that speaks of the
 //! registration token. Otherwise the message itself is invalid, which every device of
 //! the campaign would get: `Halt{Campaign}`.
+//!
+//! `THIRD_PARTY_AUTH_ERROR` (the APNs certificate or Web Push key behind the token was
+//! refused) can be about one app of the project only, so it is `Halt{Majority}`: the
+//! campaign halts when most of its recent answers carry it, else the device is rejected.
 
 use crate::provider::ceiling::Signal;
 use crate::sender::{parse_retry_after, HaltScope, SendOutcome};
@@ -124,7 +128,8 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdict
             reason,
             signal: Some(paused_or(retry_after, Signal::Unavailable)),
         },
-        "THIRD_PARTY_AUTH_ERROR" | "PERMISSION_DENIED" => halt(HaltScope::Provider, reason),
+        "THIRD_PARTY_AUTH_ERROR" => halt(HaltScope::Majority, reason),
+        "PERMISSION_DENIED" => halt(HaltScope::Provider, reason),
         "UNAUTHENTICATED" => return Verdict::Unauthenticated(reason),
         _ => match status.as_u16() {
             401 => return Verdict::Unauthenticated(reason),
@@ -347,7 +352,7 @@ mod tests {
         assert!(matches!(
             done(classify(st(401), &h, &b)).0,
             SendOutcome::Halt {
-                scope: HaltScope::Provider,
+                scope: HaltScope::Majority,
                 ..
             }
         ));

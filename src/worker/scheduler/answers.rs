@@ -82,6 +82,12 @@ impl Scheduler {
             return;
         };
         let retry = (slot, device, attempt, first_failed);
+        if matches!(
+            outcome,
+            SendOutcome::Delivered | SendOutcome::DeadToken { .. } | SendOutcome::Rejected { .. }
+        ) {
+            self.origin_answered(cslot, slot, device, unix_sec);
+        }
         if self.apply_answer(cslot, retry, outcome, now, unix_sec) {
             self.finish_device(slot, device);
         }
@@ -172,6 +178,14 @@ impl Scheduler {
             SendOutcome::Mismatch { dead_token, reason } => {
                 self.mismatch(retry, dead_token, reason, now, unix_sec)
             }
+            SendOutcome::Halt {
+                scope: HaltScope::Majority,
+                reason,
+            } => {
+                self.count_answer(cslot, false);
+                self.refused(cslot, retry, reason, now, unix_sec);
+                false
+            }
             SendOutcome::Halt { scope, reason } => {
                 if scope == HaltScope::Provider {
                     let provider = self.jobs[slot as usize]
@@ -180,7 +194,7 @@ impl Scheduler {
                     self.halt_provider(provider, &reason);
                 }
                 self.halt_campaign(cslot, &reason, now);
-                self.hold_for_resume(retry, now);
+                self.hold_after_halt(retry, &reason, now, unix_sec);
                 false
             }
         }
@@ -216,6 +230,7 @@ impl Scheduler {
         c.invalid += 1;
         let record = Record::InvalidToken {
             token: job.job.devices[device as usize].clone(),
+            provider: self.providers.get(job.job.provider_slot).name.clone(),
             reason,
             campaign_id: c.settings.id.clone(),
             job_id: job.job.job_id.clone(),
@@ -224,7 +239,7 @@ impl Scheduler {
         self.queue_record(record, None);
     }
 
-    fn rejected(
+    pub(super) fn rejected(
         &mut self,
         slot: u32,
         device: u32,
@@ -400,7 +415,8 @@ impl Scheduler {
             *w = super::answers::MismatchWindow::default();
             self.halt_campaign(cslot, &reason, now);
             for h in held {
-                self.hold_for_resume((h.slot, h.device, h.attempt, h.first_failed), now);
+                let retry = (h.slot, h.device, h.attempt, h.first_failed);
+                self.hold_after_halt(retry, &reason, now, unix_sec);
             }
             return;
         }
@@ -419,12 +435,14 @@ impl Scheduler {
         }
     }
 
-    /// A campaign holding mismatches with nothing else in flight or to send decides now.
+    /// A campaign holding mismatches or refusals with nothing else in flight or to send
+    /// decides now.
     fn settle_mismatches_if_idle(&mut self, cslot: u32, now: Nanos, unix_sec: u64) {
         let Some(c) = self.campaigns[cslot as usize].as_ref() else {
             return;
         };
-        if !c.mismatch.holds() || c.in_flight > 0 || c.halt.is_some() {
+        let (mismatches, refusals) = (c.mismatch.holds(), c.refusals.holds());
+        if !(mismatches || refusals) || c.in_flight > 0 || c.halt.is_some() {
             return;
         }
         let more = !c.retries.is_empty()
@@ -433,8 +451,14 @@ impl Scheduler {
                     .as_ref()
                     .is_some_and(|job| job.next < job.total())
             });
-        if !more {
+        if more {
+            return;
+        }
+        if mismatches {
             self.judge_mismatches(cslot, true, now, unix_sec);
+        }
+        if refusals {
+            self.settle_refusals(cslot, true, unix_sec);
         }
     }
 
@@ -505,6 +529,10 @@ impl Scheduler {
         c.halt = None;
         c.confirmed = false;
         c.mismatch = MismatchWindow::default();
+        self.restart_refusals(cslot);
+        let Some(c) = self.campaigns[cslot as usize].as_ref() else {
+            return;
+        };
         let mut providers: Vec<u16> = c
             .retries
             .iter()

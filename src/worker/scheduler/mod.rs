@@ -49,6 +49,7 @@ mod live;
 mod messages;
 mod outlet;
 mod prefetch;
+mod refusals;
 mod registry;
 mod rounds;
 mod waits;
@@ -64,6 +65,7 @@ pub use waits::{WaitHistogram, WAIT_BUCKETS};
 pub use lanes::{LanePoint, ProviderLive, HISTORY_S};
 
 pub use answers::{MISMATCH_MIN, MISMATCH_WINDOW, PROBE_IN_FLIGHT};
+pub use refusals::{MAX_HALT_RESUMES, REFUSAL_MIN, REFUSAL_WINDOW};
 
 use crate::provider::Providers;
 use crate::sender::{SendFuture, SendOutcome};
@@ -214,6 +216,8 @@ struct Campaign {
     /// most [`PROBE_IN_FLIGHT`] are in flight.
     confirmed: bool,
     mismatch: answers::MismatchWindow,
+    /// Refusals judged per origin, and the devices that halted it.
+    refusals: refusals::Refusals,
     /// Jobs whose `not_before` is ahead: (unix ms, job slot), soonest first.
     scheduled: BinaryHeap<Reverse<(i64, u32)>>,
     /// Its `start_at` is ahead: it sends nothing and takes no share under a cap.
@@ -518,6 +522,8 @@ mod outcome_tests;
 mod pacing_tests;
 #[cfg(test)]
 mod provider_tests;
+#[cfg(test)]
+mod refusal_tests;
 #[cfg(test)]
 mod revoke_tests;
 #[cfg(test)]

@@ -240,6 +240,7 @@ impl Scheduler {
             halt: None,
             confirmed: false,
             mismatch: answers::MismatchWindow::default(),
+            refusals: Default::default(),
             scheduled: BinaryHeap::new(),
             waiting_start: false,
             next_job_expiry: None,
