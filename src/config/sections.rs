@@ -25,6 +25,16 @@ pub struct HygieneSettings {
     pub false_positive_rate: f64,
     /// How often the filter re-reads rows other workers added.
     pub reload_ms: u64,
+    /// Seconds a token answered dead is skipped (for its provider) after the last such
+    /// answer: tokens do come back (an app reinstalled, a restored device).
+    pub invalid_ttl: u64,
+}
+
+impl HygieneSettings {
+    /// [`Self::invalid_ttl`] as a duration.
+    pub fn ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.invalid_ttl)
+    }
 }
 
 impl Default for HygieneSettings {
@@ -34,6 +44,7 @@ impl Default for HygieneSettings {
             expected_tokens: 10_000_000,
             false_positive_rate: 0.01,
             reload_ms: 5000,
+            invalid_ttl: 30 * 24 * 3600,
         }
     }
 }

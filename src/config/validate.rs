@@ -240,6 +240,9 @@ impl RedisSettings {
     }
 }
 
+/// The longest `hygiene.invalid_ttl`: 10 years, in seconds.
+const MAX_INVALID_TTL_S: u64 = 10 * 365 * 24 * 3600;
+
 impl HygieneSettings {
     fn validate(&self) -> Result<(), ConfigError> {
         let h = self;
@@ -257,6 +260,12 @@ impl HygieneSettings {
         }
         if h.reload_ms == 0 {
             return Err(invalid("hygiene.reload_ms", "must be > 0"));
+        }
+        if h.invalid_ttl == 0 || h.invalid_ttl > MAX_INVALID_TTL_S {
+            return Err(invalid(
+                "hygiene.invalid_ttl",
+                "must be 1–315,360,000 seconds (10 years)",
+            ));
         }
         Ok(())
     }

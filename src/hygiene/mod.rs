@@ -1,15 +1,23 @@
-//! Token hygiene: tokens the provider called gone for good are never sent again.
+//! Token hygiene: tokens a provider called gone for good are not sent through that
+//! provider again, until the mark expires.
 //!
-//! When a send answers HTTP 410, the token's SHA-256 goes into the `invalid_tokens`
-//! table (with the reason and when it was first seen) and into an in-memory
-//! [`BloomFilter`]. At job intake every token is checked against the filter: "certainly
-//! not invalid" (nearly all of them) costs no database access; the "maybe" ones of a
-//! job are checked against the table in one batched query. Only tokens the table holds
-//! are skipped, so a false positive costs one indexed lookup, never a notification.
+//! When a send answers "dead token" (HTTP 410 and its kind), the token's SHA-256 goes
+//! into the `invalid_tokens` table with the provider (its configured name) that
+//! answered, the reason and an expiry (`hygiene.invalid_ttl` from the last answer), and
+//! into an in-memory [`BloomFilter`] under a key of the token *and* the provider. At job
+//! intake every token is checked against the filter in the job's provider's scope:
+//! "certainly not invalid" (nearly all of them) costs no database access; the "maybe"
+//! ones of a job are checked against the table in one batched query, which matches only
+//! that provider's unexpired rows. A token dead for one app or environment is still
+//! sent through another; a false positive costs one indexed lookup, never a notification.
 //!
-//! The filter is built from the whole table at start and kept in step with other
-//! workers by an incremental reload (rows whose `first_seen` is newer than the last
-//! reload, minus an overlap that covers transactions committing late).
+//! Rows written before scopes existed have no provider (legacy): they apply to every
+//! provider until they expire (the migration gives them first_seen + 30 days).
+//!
+//! The filter is built from the unexpired rows at start and kept in step with other
+//! workers by an incremental reload (rows whose `last_seen` is newer than the last
+//! reload, minus an overlap that covers transactions committing late). Expired rows
+//! are never loaded and never matched; `stats prune` deletes them.
 //!
 //! - [`bloom`]: the lock-free Bloom filter and its sizing.
 
@@ -23,7 +31,9 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Errors of token hygiene.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +59,51 @@ pub fn bloom_key(hash: &TokenHash) -> u128 {
     first.copy_from_slice(&hash[..16]);
     u128::from_le_bytes(first)
 }
+
+/// The provider a mark belongs to: its configured name, and the salt its tokens' filter
+/// keys are mixed with (so the same token has one key per provider).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    name: Arc<str>,
+    salt: u128,
+}
+
+impl Scope {
+    pub fn new(name: &str) -> Self {
+        let digest = Sha256::new()
+            .chain_update(b"pushpace invalid-token scope\0")
+            .chain_update(name.as_bytes())
+            .finalize();
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&digest[..16]);
+        // Never 0: that is the legacy (unscoped) rows' key.
+        let salt = u128::from_le_bytes(first) | 1;
+        Self {
+            name: Arc::from(name),
+            salt,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The filter key of `hash` in this scope. XOR with a uniform constant keeps the key
+    /// uniform, and distinct scopes give the same token distinct keys.
+    #[inline]
+    pub fn key(&self, hash: &TokenHash) -> u128 {
+        bloom_key(hash) ^ self.salt
+    }
+}
+
+/// A provider's name as stored in `invalid_tokens.provider` (escaped and capped like
+/// every stored text, so that neither the write nor the lookup can fail on it).
+fn scope_text(provider: &str) -> std::borrow::Cow<'_, str> {
+    crate::store::safe_text_capped(provider, crate::store::dead_letters::MAX_ID_BYTES)
+}
+
+/// How long a mark skips a token when nothing says otherwise (`hygiene.invalid_ttl`).
+pub const DEFAULT_INVALID_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// How far back an incremental reload looks past the newest row it has seen: rows are
 /// inserted by single short statements, so one committing later than this is not expected.
@@ -85,7 +140,13 @@ struct Counters {
 pub struct TokenHygiene {
     pool: PgPool,
     filter: BloomFilter,
-    /// The newest `first_seen` loaded so far.
+    /// The configured providers' scopes, by provider slot.
+    scopes: Vec<Scope>,
+    /// How long a new mark skips its token.
+    ttl: Duration,
+    /// Unexpired legacy (unscoped) rows were loaded: checks probe their key too.
+    has_legacy: AtomicBool,
+    /// The newest `last_seen` loaded so far.
     loaded_until: Mutex<Option<DateTime<Utc>>>,
     counters: Counters,
 }
@@ -100,21 +161,32 @@ impl std::fmt::Debug for TokenHygiene {
 }
 
 impl TokenHygiene {
-    /// Sizes the filter for `expected_tokens` at `false_positive_rate` and loads the table.
+    /// Sizes the filter for `expected_tokens` at `false_positive_rate` and loads the
+    /// table. `providers` are the configured providers' names, by slot.
     pub async fn start(
         pool: PgPool,
         expected_tokens: u64,
         false_positive_rate: f64,
+        ttl: Duration,
+        providers: &[Arc<str>],
     ) -> Result<Self, HygieneError> {
         let filter = BloomFilter::with_rate(expected_tokens, false_positive_rate)?;
-        Self::with_filter(pool, filter).await
+        Self::with_filter(pool, filter, ttl, providers).await
     }
 
     /// Uses `filter` (e.g. a tiny one in tests) and loads the table into it.
-    pub async fn with_filter(pool: PgPool, filter: BloomFilter) -> Result<Self, HygieneError> {
+    pub async fn with_filter(
+        pool: PgPool,
+        filter: BloomFilter,
+        ttl: Duration,
+        providers: &[Arc<str>],
+    ) -> Result<Self, HygieneError> {
         let h = Self {
             pool,
             filter,
+            scopes: providers.iter().map(|p| Scope::new(p)).collect(),
+            ttl,
+            has_legacy: AtomicBool::new(false),
             loaded_until: Mutex::new(None),
             counters: Counters::default(),
         };
@@ -122,23 +194,43 @@ impl TokenHygiene {
         Ok(h)
     }
 
-    /// Adds the rows other workers recorded since the last reload; returns how many rows
-    /// were read (the overlap re-reads a few; adding them again is harmless).
+    /// The name of the provider at `slot` (a provider not configured at start: `""`,
+    /// which no row is recorded under).
+    pub fn scope_of(&self, slot: u16) -> &str {
+        self.scopes.get(usize::from(slot)).map_or("", Scope::name)
+    }
+
+    /// The configured scope named `name`, or a new one (a provider no longer configured).
+    fn scope_named(&self, name: &str) -> std::borrow::Cow<'_, Scope> {
+        match self.scopes.iter().find(|s| s.name() == name) {
+            Some(s) => std::borrow::Cow::Borrowed(s),
+            None => std::borrow::Cow::Owned(Scope::new(name)),
+        }
+    }
+
+    /// Adds the unexpired rows other workers recorded since the last reload; returns how
+    /// many rows were read (the overlap re-reads a few; adding them again is harmless).
     pub async fn reload(&self) -> Result<usize, HygieneError> {
         let since = *self.loaded_until.lock();
         let since = since.map(|t| t - ChronoDuration::seconds(RELOAD_OVERLAP_SECS));
         // Streamed: a full load at start may be millions of rows.
-        let mut rows = sqlx::query_as::<_, (Vec<u8>, DateTime<Utc>)>(
-            "SELECT token_hash, first_seen FROM invalid_tokens \
-             WHERE $1::timestamptz IS NULL OR first_seen >= $1",
+        let mut rows = sqlx::query_as::<_, (Vec<u8>, Option<String>, DateTime<Utc>)>(
+            "SELECT token_hash, provider, last_seen FROM invalid_tokens \
+             WHERE expires_at > now() AND ($1::timestamptz IS NULL OR last_seen >= $1)",
         )
         .bind(since)
         .fetch(&self.pool);
         let mut newest = None;
         let mut read = 0usize;
-        while let Some((hash, seen)) = rows.try_next().await? {
+        while let Some((hash, provider, seen)) = rows.try_next().await? {
             if let Ok(hash) = <TokenHash>::try_from(hash.as_slice()) {
-                self.filter.insert(bloom_key(&hash));
+                match provider {
+                    Some(p) => self.filter.insert(self.scope_named(&p).key(&hash)),
+                    None => {
+                        self.has_legacy.store(true, Ordering::Relaxed);
+                        self.filter.insert(bloom_key(&hash));
+                    }
+                }
             }
             newest = newest.max(Some(seen));
             read += 1;
@@ -152,16 +244,25 @@ impl TokenHygiene {
         Ok(read)
     }
 
-    /// The indexes of `tokens` that are recorded invalid. Tokens the filter rules out
-    /// cost nothing; the rest are checked in one query. Indexes are in ascending order.
-    pub async fn invalid_among(&self, tokens: &[String]) -> Result<Vec<u32>, HygieneError> {
+    /// The indexes of `tokens` that are recorded invalid for `provider` (or by a legacy
+    /// row) and not expired. Tokens the filter rules out cost nothing; the rest are
+    /// checked in one query. Indexes are in ascending order.
+    pub async fn invalid_among(
+        &self,
+        tokens: &[String],
+        provider: &str,
+    ) -> Result<Vec<u32>, HygieneError> {
         self.counters
             .checks
             .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        let scope = self.scope_named(provider);
+        let legacy = self.has_legacy.load(Ordering::Relaxed);
         let mut maybe: Vec<(u32, TokenHash)> = Vec::new();
         for (i, t) in tokens.iter().enumerate() {
             let hash = token_hash(t);
-            if self.filter.may_contain(bloom_key(&hash)) {
+            if self.filter.may_contain(scope.key(&hash))
+                || (legacy && self.filter.may_contain(bloom_key(&hash)))
+            {
                 maybe.push((i as u32, hash));
             }
         }
@@ -173,11 +274,14 @@ impl TokenHygiene {
             .fetch_add(maybe.len() as u64, Ordering::Relaxed);
         self.counters.lookups.fetch_add(1, Ordering::Relaxed);
         let hashes: Vec<Vec<u8>> = maybe.iter().map(|(_, h)| h.to_vec()).collect();
-        let found: Vec<Vec<u8>> =
-            sqlx::query_scalar("SELECT token_hash FROM invalid_tokens WHERE token_hash = ANY($1)")
-                .bind(&hashes)
-                .fetch_all(&self.pool)
-                .await?;
+        let found: Vec<Vec<u8>> = sqlx::query_scalar(
+            "SELECT token_hash FROM invalid_tokens WHERE token_hash = ANY($1) \
+             AND (provider = $2 OR provider IS NULL) AND expires_at > now()",
+        )
+        .bind(&hashes)
+        .bind(scope_text(provider).as_ref())
+        .fetch_all(&self.pool)
+        .await?;
         let found: HashSet<Vec<u8>> = found.into_iter().collect();
         let invalid: Vec<u32> = maybe
             .into_iter()
@@ -190,23 +294,35 @@ impl TokenHygiene {
         Ok(invalid)
     }
 
-    /// Records a token as gone for good (idempotent) and adds it to the filter. The
-    /// reason is the provider's text: escaped and capped as a dead letter's is
-    /// ([`crate::store::safe_text_capped`]), so that no byte in it can make the write fail.
-    /// The token itself is stored only as its hash. Retrying is the caller's choice.
-    pub async fn record_invalid(&self, token: &str, reason: &str) -> Result<(), HygieneError> {
+    /// Records a token as gone for good through `provider` (idempotent: a second answer
+    /// keeps the first reason and pushes the expiry to now + the TTL) and adds it to the
+    /// filter in that scope. The reason is the provider's text: escaped and capped as a
+    /// dead letter's is ([`crate::store::safe_text_capped`]), so that no byte in it can
+    /// make the write fail. The token itself is stored only as its hash. Retrying is the
+    /// caller's choice.
+    pub async fn record_invalid(
+        &self,
+        token: &str,
+        provider: &str,
+        reason: &str,
+    ) -> Result<(), HygieneError> {
         let hash = token_hash(token);
         let reason =
             crate::store::safe_text_capped(reason, crate::store::dead_letters::MAX_REASON_BYTES);
+        let provider_text = scope_text(provider);
         sqlx::query(
-            "INSERT INTO invalid_tokens (token_hash, reason) VALUES ($1, $2) \
-             ON CONFLICT (token_hash) DO NOTHING",
+            "INSERT INTO invalid_tokens (token_hash, provider, reason, expires_at) \
+             VALUES ($1, $2, $3, now() + make_interval(secs => $4)) \
+             ON CONFLICT (token_hash, provider) DO UPDATE SET last_seen = now(), \
+             expires_at = EXCLUDED.expires_at",
         )
         .bind(hash.as_slice())
+        .bind(provider_text.as_ref())
         .bind(reason.as_ref())
+        .bind(self.ttl.as_secs_f64())
         .execute(&self.pool)
         .await?;
-        self.filter.insert(bloom_key(&hash));
+        self.filter.insert(self.scope_named(provider).key(&hash));
         self.counters.recorded.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

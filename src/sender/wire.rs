@@ -4,8 +4,8 @@
 //! imports the pools, so the modules do not import each other in a cycle.
 
 use super::retry::parse_retry_after;
-use super::SendOutcome;
 use super::Signal;
+use super::{HaltScope, SendOutcome};
 use reqwest::header::{HeaderValue, RETRY_AFTER};
 use std::time::{Duration, SystemTime};
 
@@ -32,8 +32,9 @@ impl PushHeaders {
         headers.insert(SENT_AT, self.sent_at);
     }
 }
-/// The outcome of a non-2xx answer: 429 and 5xx are retried, 410 is a dead token, any
-/// other status is rejected.
+/// The outcome of a non-2xx answer: 429 and 5xx are retried, 410 is a dead token, 401,
+/// 403 and 404 halt every campaign on the webhook (its credentials or its URL are wrong:
+/// every send would get the same), any other status is rejected.
 fn classify_status(code: u16, retry_after: Option<Duration>, snippet: String) -> SendOutcome {
     let reason = if snippet.is_empty() {
         format!("HTTP {code}")
@@ -53,6 +54,11 @@ fn classify_status(code: u16, retry_after: Option<Duration>, snippet: String) ->
     } else if code == 410 {
         // Gone: the webhook's way of saying the token is dead.
         SendOutcome::DeadToken { reason }
+    } else if matches!(code, 401 | 403 | 404) {
+        SendOutcome::Halt {
+            scope: HaltScope::Provider,
+            reason: format!("the webhook refused its credentials or path: {reason}"),
+        }
     } else {
         SendOutcome::Rejected {
             status: Some(code),

@@ -316,3 +316,137 @@ pub async fn list(
     };
     rows.into_iter().map(StoredDeadLetter::try_from).collect()
 }
+
+/// The replay template of a device letter's job, stored once per job.
+#[derive(Debug, Clone, Copy)]
+pub struct LetterJob<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub kafka_offset: i64,
+    /// [`job_template`] of the job.
+    pub job: &'a [u8],
+}
+
+/// Where a template's device list is: the first `,"devices":[]` is the field itself,
+/// since no string written before it can hold an unescaped quote.
+const EMPTY_DEVICES: &[u8] = b",\"devices\":[]";
+const CAMPAIGN_FIELD: &[u8] = b",\"campaign_id\":";
+
+/// The job as a message with an empty device list: its payload (verbatim), provider,
+/// options and lifecycle, what a device letter needs besides its token to be replayed.
+pub fn job_template(job: &crate::job::Job) -> Vec<u8> {
+    crate::job::Job {
+        job_id: job.job_id.clone(),
+        campaign_id: job.campaign_id.clone(),
+        send_rate: job.send_rate,
+        algorithm: job.algorithm,
+        devices: Vec::new(),
+        payload: job.payload.clone(),
+        provider: job.provider.clone(),
+        provider_slot: job.provider_slot,
+        options: job.options.clone(),
+        lifecycle: job.lifecycle,
+    }
+    .to_json()
+}
+
+/// Records the templates of jobs whose devices are being dead-lettered; one already
+/// recorded is kept (safe to repeat).
+pub async fn insert_jobs(pool: &PgPool, jobs: &[LetterJob<'_>]) -> Result<u64, StoreError> {
+    if jobs.is_empty() {
+        return Ok(0);
+    }
+    let topics: Vec<Cow<'_, str>> = jobs
+        .iter()
+        .map(|j| safe_text_capped(j.topic, MAX_ID_BYTES))
+        .collect();
+    let result = sqlx::query(
+        "INSERT INTO dead_letter_jobs (topic, partition, kafka_offset, job) \
+         SELECT * FROM unnest($1::text[], $2::integer[], $3::bigint[], $4::bytea[]) \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(topics.iter().map(AsRef::as_ref).collect::<Vec<&str>>())
+    .bind(jobs.iter().map(|j| j.partition).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.kafka_offset).collect::<Vec<_>>())
+    .bind(
+        jobs.iter()
+            .map(|j| &j.job[..j.job.len().min(MAX_RAW_BYTES)])
+            .collect::<Vec<_>>(),
+    )
+    .execute(pool)
+    .await?;
+    Ok(result.rows_affected())
+}
+
+/// The job message that sends the device of letter `id` again: its job's template with
+/// the letter's token as the only device, under `job_id` (the original id's progress
+/// already counts the device finished, so a replay needs an id of its own). `None` when
+/// the letter is not a device's or its job's template is not stored (letters written
+/// before templates existed).
+pub async fn replay_message(
+    pool: &PgPool,
+    id: i64,
+    job_id: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let row: Option<(Option<String>, Vec<u8>)> = sqlx::query_as(
+        "SELECT d.device_token, j.job FROM dead_letters AS d \
+         JOIN dead_letter_jobs AS j USING (topic, partition, kafka_offset) \
+         WHERE d.id = $1 AND d.device IS NOT NULL",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    let Some((Some(token), template)) = row else {
+        return Ok(None);
+    };
+    splice_device(&template, job_id, &token)
+        .map(Some)
+        .ok_or_else(|| {
+            corrupt(format!(
+                "letter {id}: its job's template has no device list"
+            ))
+        })
+}
+
+/// `template` under `job_id` with `token` as its one device (a Web Push subscription's
+/// stored text goes back as the object it is).
+fn splice_device(template: &[u8], job_id: &str, token: &str) -> Option<Vec<u8>> {
+    let find = |needle: &[u8]| template.windows(needle.len()).position(|w| w == needle);
+    let campaign = find(CAMPAIGN_FIELD)?;
+    let devices = find(EMPTY_DEVICES)?;
+    if devices < campaign {
+        return None;
+    }
+    let mut out = Vec::with_capacity(template.len() + token.len() + job_id.len() + 16);
+    out.extend_from_slice(b"{\"job_id\":");
+    serde_json::to_writer(&mut out, job_id).ok()?;
+    out.extend_from_slice(&template[campaign..devices]);
+    out.extend_from_slice(b",\"devices\":[");
+    if crate::job::Subscription::parse(token).is_some() {
+        out.extend_from_slice(token.as_bytes());
+    } else {
+        serde_json::to_writer(&mut out, token).ok()?;
+    }
+    out.push(b']');
+    out.extend_from_slice(&template[devices + EMPTY_DEVICES.len()..]);
+    Some(out)
+}
+
+#[cfg(test)]
+mod replay_tests {
+    use super::*;
+
+    #[test]
+    fn a_replayed_device_is_its_job_with_one_device_and_a_new_id() {
+        let raw = br#"{"job_id":"j-1","campaign_id":"c","provider":"apns-b","collapse_id":"x\",\"devices\":[]","devices":["aa","bb"],"payload":{"aps":{"alert":"hi \"devices\":[]"}}}"#;
+        let job = crate::job::decode(raw).expect("job");
+        let template = job_template(&job);
+        let out = splice_device(&template, "j-1.replay", "bb").expect("spliced");
+        let again = crate::job::decode(&out).expect("a valid job");
+        assert_eq!(again.job_id, "j-1.replay");
+        assert_eq!(again.devices, vec!["bb".to_string()]);
+        assert_eq!(again.payload.get(), job.payload.get(), "payload verbatim");
+        assert_eq!(again.provider, job.provider);
+        assert_eq!(again.options, job.options);
+    }
+}

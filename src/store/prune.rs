@@ -16,6 +16,10 @@ pub struct PruneReport {
     pub minutes_deleted: u64,
     /// Dead letters deleted ([`prune_before`] leaves them; see [`prune_dead_letters_before`]).
     pub dead_letters: u64,
+    /// Invalid-token marks deleted because they expired (`hygiene.invalid_ttl`).
+    pub invalid_tokens_expired: u64,
+    /// Replay templates of jobs (`dead_letter_jobs`) no letter refers to any more.
+    pub letter_jobs_deleted: u64,
 }
 
 /// The most dead letters one statement deletes, whatever `batch` is: each may hold a
@@ -44,6 +48,7 @@ pub async fn prune_with_dead_letters(
         cutoff_before_now("dead_letters_older_than", dead_letters_older_than)?;
     let mut report = prune_before(pool, cutoff, batch).await?;
     report.dead_letters = prune_dead_letters_before(pool, dead_letters_cutoff, batch).await?;
+    report.letter_jobs_deleted = in_batches(pool, PRUNE_LETTER_JOBS, Utc::now(), batch).await?;
     Ok(report)
 }
 
@@ -122,11 +127,21 @@ pub async fn prune_before(
         batch,
     )
     .await?;
+    // Expired marks skip nothing already; whatever `cutoff` is, they can go.
+    let invalid_tokens_expired = in_batches(
+        pool,
+        "DELETE FROM invalid_tokens WHERE ctid IN ( \
+             SELECT ctid FROM invalid_tokens WHERE expires_at <= $1 LIMIT $2)",
+        Utc::now(),
+        batch,
+    )
+    .await?;
     Ok(PruneReport {
         seconds_deleted,
         progress_deleted,
         markers_deleted,
         minutes_deleted,
+        invalid_tokens_expired,
         ..PruneReport::default()
     })
 }
@@ -144,6 +159,16 @@ DELETE FROM job_progress WHERE (campaign_id, job_id) IN (
       AND EXISTS (SELECT 1 FROM committed_offsets AS c WHERE c.partition = p.partition)
       AND NOT EXISTS (SELECT 1 FROM committed_offsets AS c
                       WHERE c.partition = p.partition AND c.committed_offset <= p.kafka_offset)
+    LIMIT $2)";
+
+/// A job's replay template once no letter of its message is left. Created before the
+/// cutoff (now) only: a letter being written refers to its template just after it.
+const PRUNE_LETTER_JOBS: &str = "\
+DELETE FROM dead_letter_jobs WHERE (topic, partition, kafka_offset) IN (
+    SELECT j.topic, j.partition, j.kafka_offset FROM dead_letter_jobs AS j
+    WHERE j.created_at < $1 - interval '1 hour'
+      AND NOT EXISTS (SELECT 1 FROM dead_letters AS d WHERE d.topic = j.topic
+                      AND d.partition = j.partition AND d.kafka_offset = j.kafka_offset)
     LIMIT $2)";
 
 async fn in_batches(

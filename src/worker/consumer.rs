@@ -478,6 +478,7 @@ impl Loop {
             reason: rejection.reason,
             key: msg.key().map(<[u8]>::to_vec),
             raw: raw.to_vec(),
+            replay: None,
         };
         self.with_state(|s, _| s.dead_letter_message(letter));
         None

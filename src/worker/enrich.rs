@@ -75,7 +75,7 @@ impl Enricher {
         let invalid = match &self.hygiene {
             Some(h) => self
                 .retry_with("invalid-token lookup", hygiene_transient, || {
-                    h.invalid_among(&job.devices)
+                    h.invalid_among(&job.devices, h.scope_of(job.provider_slot))
                 })
                 .await
                 .unwrap_or_default(),

@@ -165,7 +165,8 @@ impl Worker {
             completions_tx,
             events_tx,
         )?;
-        let side = start_enrich_side(settings, pool.clone(), &mut core, &phases).await?;
+        let side =
+            start_enrich_side(settings, pool.clone(), &mut core, &providers, &phases).await?;
         let scheduler = phases.spawn(scheduler::run(
             core,
             TimeBase::new(clock),
@@ -354,6 +355,7 @@ async fn start_enrich_side(
     settings: &Settings,
     pool: PgPool,
     scheduler: &mut Scheduler,
+    providers: &Providers,
     phases: &Phases,
 ) -> Result<EnrichSide, WorkerError> {
     // capping.scope: local decides in the scheduler at each send; redis at intake.
@@ -373,6 +375,8 @@ async fn start_enrich_side(
             pool.clone(),
             settings.hygiene.expected_tokens,
             settings.hygiene.false_positive_rate,
+            settings.hygiene.ttl(),
+            &providers.iter().map(|p| p.name.clone()).collect::<Vec<_>>(),
         )
         .await?;
         Some(Arc::new(h))

@@ -16,6 +16,7 @@
 
 use crate::capping::shared::SharedCap;
 use crate::hygiene::TokenHygiene;
+use crate::job::Job;
 use crate::store::dead_letters::{self, DeadLetter};
 use crate::store::DeadLetterKind;
 use parking_lot::Mutex;
@@ -41,6 +42,9 @@ pub struct Letter {
     pub key: Option<Vec<u8>>,
     /// The message, for a message's letter (at most `dead_letters::MAX_RAW_BYTES`).
     pub raw: Vec<u8>,
+    /// A device's job, so that the letter can be replayed: its template (payload,
+    /// provider, options) is stored once per job (`dead_letter_jobs`).
+    pub replay: Option<Arc<Job>>,
 }
 
 /// What the stage writes.
@@ -51,6 +55,8 @@ pub enum Record {
     /// so its shared-cap reservation (if any) is released once the token is recorded.
     InvalidToken {
         token: String,
+        /// The provider (its configured name) that answered: the mark's scope.
+        provider: Arc<str>,
         reason: String,
         campaign_id: Arc<str>,
         job_id: String,
@@ -205,12 +211,13 @@ impl OutcomeWriter {
                     Record::DeadLetter(l) => letters.push((seq, *l)),
                     Record::InvalidToken {
                         token,
+                        provider,
                         reason,
                         campaign_id,
                         job_id,
                         device,
                     } => {
-                        self.invalid_token(&token, &reason).await;
+                        self.invalid_token(&token, &provider, &reason).await;
                         if let Some(cap) = &self.shared_cap {
                             cap.release(&campaign_id, &job_id, device, &token);
                         }
@@ -265,6 +272,7 @@ impl OutcomeWriter {
     }
 
     async fn letters(&self, letters: &[(u64, Letter)]) {
+        self.templates(letters).await;
         let rows: Vec<DeadLetter<'_>> = letters.iter().map(|(_, l)| self.row(l)).collect();
         let Err(e) = self.write("dead letters", &rows).await else {
             count_letters(letters.iter().map(|(_, l)| l));
@@ -286,6 +294,43 @@ impl OutcomeWriter {
                 .map_err(Failure::from_store)
         })
         .await
+    }
+
+    /// Stores the replay templates of the letters' jobs, once per job. A failure costs
+    /// only the replay (logged): the letters are written either way.
+    async fn templates(&self, letters: &[(u64, Letter)]) {
+        let mut jobs: Vec<(i32, i64, Vec<u8>)> = Vec::new();
+        for (_, l) in letters {
+            let Some(job) = &l.replay else { continue };
+            if !jobs
+                .iter()
+                .any(|(p, o, _)| (*p, *o) == (l.partition, l.offset))
+            {
+                jobs.push((l.partition, l.offset, dead_letters::job_template(job)));
+            }
+        }
+        if jobs.is_empty() {
+            return;
+        }
+        let rows: Vec<dead_letters::LetterJob<'_>> = jobs
+            .iter()
+            .map(|(partition, offset, job)| dead_letters::LetterJob {
+                topic: &self.topic,
+                partition: *partition,
+                kafka_offset: *offset,
+                job,
+            })
+            .collect();
+        let r = retry("dead-letter jobs", &self.shared, || async {
+            dead_letters::insert_jobs(&self.pool, &rows)
+                .await
+                .map(|_| ())
+                .map_err(Failure::from_store)
+        })
+        .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "replay templates of dead-lettered devices not stored");
+        }
     }
 
     async fn letter_alone(&self, l: &Letter) {
@@ -334,10 +379,10 @@ impl OutcomeWriter {
         }
     }
 
-    async fn invalid_token(&self, token: &str, reason: &str) {
+    async fn invalid_token(&self, token: &str, provider: &str, reason: &str) {
         let Some(h) = &self.hygiene else { return };
         let r = retry("invalid token", &self.shared, || async {
-            h.record_invalid(token, reason)
+            h.record_invalid(token, provider, reason)
                 .await
                 .map_err(Failure::from_hygiene)
         })

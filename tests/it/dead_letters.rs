@@ -4,7 +4,7 @@
 
 use crate::api::{spawn_app, TOKEN};
 use crate::helpers::{fresh_database, pg_server, unique_name};
-use pushpace::hygiene::{BloomFilter, TokenHygiene};
+use pushpace::hygiene::{BloomFilter, TokenHygiene, DEFAULT_INVALID_TTL};
 use pushpace::store::dead_letters::{
     self, DeadLetter, LISTED_PREFIX_BYTES, MAX_KEY_BYTES, MAX_RAW_BYTES, MAX_REASON_BYTES,
 };
@@ -275,16 +275,20 @@ async fn a_long_reason_is_cut_on_a_character_boundary() {
 #[tokio::test]
 async fn invalid_token_reasons_with_nul_are_stored() {
     let (pool, _) = fresh_database().await;
-    let hygiene =
-        TokenHygiene::with_filter(pool.clone(), BloomFilter::with_rate(100, 0.01).unwrap())
-            .await
-            .unwrap();
+    let hygiene = TokenHygiene::with_filter(
+        pool.clone(),
+        BloomFilter::with_rate(100, 0.01).unwrap(),
+        DEFAULT_INVALID_TTL,
+        &[],
+    )
+    .await
+    .unwrap();
     hygiene
-        .record_invalid("tok\0en", "410 Gone: \0Unregistered")
+        .record_invalid("tok\0en", "p\0", "410 Gone: \0Unregistered")
         .await
         .unwrap();
     hygiene
-        .record_invalid("tok\0en", "410 Gone again")
+        .record_invalid("tok\0en", "p\0", "410 Gone again")
         .await
         .unwrap();
     let reasons: Vec<String> = sqlx::query_scalar("SELECT reason FROM invalid_tokens")
@@ -293,7 +297,7 @@ async fn invalid_token_reasons_with_nul_are_stored() {
         .unwrap();
     assert_eq!(reasons, ["410 Gone: \\0Unregistered"]);
     let found = hygiene
-        .invalid_among(&["tok\0en".to_string(), "other".to_string()])
+        .invalid_among(&["tok\0en".to_string(), "other".to_string()], "p\0")
         .await
         .unwrap();
     assert_eq!(found, [0]);

@@ -34,7 +34,9 @@ enum Class {
 const REASONS: &[(&str, Class)] = &[
     ("Unregistered", Class::Dead),
     ("ExpiredToken", Class::Dead),
-    ("DeviceTokenNotForTopic", Class::Dead),
+    // Wrong app (topic) or environment for this token: not dead, it may work through
+    // another provider. Rejected for this campaign, a letter that can be replayed.
+    ("DeviceTokenNotForTopic", Class::Rejected),
     ("BadDeviceToken", Class::Mismatch),
     ("TooManyRequests", Class::RetryDevice),
     ("InternalServerError", Class::RetryProvider),
@@ -99,8 +101,10 @@ pub fn classify(
     };
     let outcome = match class {
         Class::Dead => SendOutcome::DeadToken { reason },
+        // A minority of them is settled as rejected, never as a dead token: the token
+        // may belong to the other environment, which another provider serves.
         Class::Mismatch => SendOutcome::Mismatch {
-            dead_token: true,
+            dead_token: false,
             reason,
         },
         Class::RetryDevice => SendOutcome::RetryDevice {
@@ -198,11 +202,7 @@ mod tests {
 
     #[test]
     fn dead_tokens_and_mismatch() {
-        for (status, reason) in [
-            (410, "Unregistered"),
-            (410, "ExpiredToken"),
-            (400, "DeviceTokenNotForTopic"),
-        ] {
+        for (status, reason) in [(410, "Unregistered"), (410, "ExpiredToken")] {
             let (o, code) = answer(status, reason);
             assert_eq!(
                 o,
@@ -212,11 +212,21 @@ mod tests {
             );
             assert_eq!(code, reason);
         }
+        let (o, code) = answer(400, "DeviceTokenNotForTopic");
+        assert_eq!(
+            o,
+            SendOutcome::Rejected {
+                status: Some(400),
+                reason: "APNs 400 DeviceTokenNotForTopic".into()
+            },
+            "another app's token is not dead"
+        );
+        assert_eq!(code, "DeviceTokenNotForTopic");
         let (o, code) = answer(400, "BadDeviceToken");
         assert_eq!(
             o,
             SendOutcome::Mismatch {
-                dead_token: true,
+                dead_token: false,
                 reason: "APNs 400 BadDeviceToken".into()
             }
         );

@@ -70,6 +70,7 @@ impl Loop {
                             reason,
                             key: None,
                             raw: Vec::new(),
+                            replay: None,
                         })
                     });
                 }

@@ -310,6 +310,7 @@ impl Scheduler {
             ),
             key: None,
             raw: Vec::new(),
+            replay: None,
         }
     }
 

@@ -44,6 +44,7 @@ impl Scheduler {
             reason,
             key: None,
             raw: Vec::new(),
+            replay: Some(Arc::clone(&job.job)),
         };
         let at = LetterFor {
             slot,
