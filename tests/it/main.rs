@@ -13,6 +13,7 @@ mod cli;
 mod dead_letters;
 mod distributed;
 mod fcm;
+mod halt_scope;
 mod harness;
 mod helpers;
 mod hygiene;

@@ -5,6 +5,8 @@
 //! 24 h ahead, with a `mailto:`/`https:` subject). It then decrypts the body with the
 //! subscription's own private key and auth secret (RFC 8291), as the browser would, and
 //! keeps the plaintext, so tests compare what a browser would show with what was sent.
+//! A subscription made under another application server key
+//! ([`WebPushMock::subscribe_under`]) is answered 403 alone, as real services do.
 
 use crate::provider::webpush::subscription::B64URL;
 use crate::provider::webpush::{ece, vapid};
@@ -57,6 +59,9 @@ struct Subscription {
     auth: [u8; 16],
     gone: bool,
     received: Vec<Vec<u8>>,
+    /// The application server key (`k=`) it was made under, when it is not whatever
+    /// key signs (a subscription from before a key rotation).
+    made_under: Option<String>,
 }
 
 /// An answer forced on the next requests.
@@ -148,6 +153,17 @@ impl WebPushMock {
 
     /// A new subscription: its JSON (the job's device string) and its id.
     pub fn subscribe(&self) -> (String, String) {
+        self.subscribe_with(None)
+    }
+
+    /// A subscription made under the application server key `key`: a token signed by
+    /// any other key is answered 403 for it alone, as FCM's web endpoint does for a
+    /// subscription from before a key rotation.
+    pub fn subscribe_under(&self, key: &str) -> (String, String) {
+        self.subscribe_with(Some(key.to_string()))
+    }
+
+    fn subscribe_with(&self, made_under: Option<String>) -> (String, String) {
         let secret = SecretKey::random(&mut OsRng);
         let mut auth = [0u8; 16];
         aes_gcm::aead::rand_core::RngCore::fill_bytes(&mut OsRng, &mut auth);
@@ -167,6 +183,7 @@ impl WebPushMock {
             auth,
             gone: false,
             received: Vec::new(),
+            made_under,
         };
         self.state.subs.lock().insert(id.clone(), sub);
         (json, id)
@@ -290,16 +307,23 @@ impl State {
             return reply(405, "POST only");
         }
         let seeded = self.seeded.get().and_then(|s| s.secrets(id));
-        match self.subs.lock().get(id) {
+        let made_under = match self.subs.lock().get(id) {
             None if seeded.is_none() => return reply(404, "no such subscription"),
             Some(s) if s.gone => return reply(410, "subscription expired"),
-            _ => {}
-        }
+            s => s.and_then(|s| s.made_under.clone()),
+        };
         if let Err((status, message)) = check_headers(req.headers()) {
             return reply(status, &message);
         }
-        if let Err((status, message)) = self.check_vapid(req.headers()) {
-            return reply(status, &message);
+        let key = match self.check_vapid(req.headers()) {
+            Ok(key) => key,
+            Err((status, message)) => return reply(status, &message),
+        };
+        if made_under.is_some_and(|k| k != key) {
+            return reply(
+                403,
+                "VAPID key differs from the one this subscription was made under",
+            );
         }
         let body = req.body();
         if body.len() > MAX_BODY {
@@ -346,7 +370,8 @@ impl State {
 
     /// RFC 8292: the token verifies with `k=`, is for this origin, expires in the future
     /// and at most 24 h ahead, and names a contact.
-    fn check_vapid(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+    /// Returns the token's key (`k=`).
+    fn check_vapid(&self, headers: &HeaderMap) -> Result<String, Refusal> {
         let auth = header(headers, "authorization")
             .ok_or_else(|| refuse(401, "missing VAPID Authorization"))?;
         let cached = {
@@ -383,7 +408,7 @@ impl State {
                 return Err(refuse(403, "VAPID key differs from the subscription's"));
             }
         }
-        Ok(())
+        Ok(v.public_key)
     }
 }
 
