@@ -144,3 +144,56 @@ async fn stale_subscriptions_are_dead_lettered_and_only_an_all_stale_campaign_ha
     assert_eq!(mock.delivered() as i64, wanted);
     env.stop().await;
 }
+
+/// FCM devices of one campaign, and which one's app had its APNs certificate refused.
+const FCM_DEVICES: usize = 200;
+const THIRD_PARTY_AT: usize = 77;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fcm_one_third_party_auth_error_is_dead_lettered_and_the_provider_keeps_sending() {
+    use pushpace::provider::fcm::FcmSender;
+    use pushpace::provider::settings::FcmSpec;
+    use pushpace::tools::mock::fcm::FcmMock;
+    let ca = TestCa::new();
+    let mock = FcmMock::start(&ca).expect("mock");
+    let spec = FcmSpec {
+        name: "fcm".into(),
+        service_account: SecretString::from(mock.service_account_json()),
+        endpoint: mock.url(),
+        connections: 1,
+        token_refresh_margin: Duration::from_secs(60),
+        common: CommonSpec::trusting(ca.ca_pem()),
+    };
+    let sender = FcmSender::new(&spec).expect("sender");
+    let env = Env::start("fcm", ProviderKind::Fcm, sender).await;
+    let c1 = campaign("fcm-3p");
+    let devices: Vec<serde_json::Value> = (0..FCM_DEVICES)
+        .map(|i| match i {
+            THIRD_PARTY_AT => serde_json::json!("thirdparty-1"),
+            _ => serde_json::json!(format!("fcm-ok-{i}")),
+        })
+        .collect();
+    let payload = serde_json::json!({"notification": {"title": "Hi"}});
+    let job = crate::providers_e2e::job(&c1, "fcm", RATE, &devices, payload);
+    env.produce(job).await;
+    let wanted = FCM_DEVICES as i64 - 1;
+    wait_until(
+        "delivered, dead-lettered, committed",
+        GROUP_JOIN,
+        || async {
+            env.counts(&c1).await.sent == wanted
+                && env.dead_letters(&c1).await == 1
+                && env.committed().await >= 1
+        },
+    )
+    .await;
+    assert_eq!(halt_reason(&env, &c1).await, None);
+    let reason: String =
+        sqlx::query_scalar("SELECT reason FROM dead_letters WHERE campaign_id = $1")
+            .bind(&c1)
+            .fetch_one(&env.pool)
+            .await
+            .expect("letter");
+    assert!(reason.contains("THIRD_PARTY_AUTH_ERROR"), "{reason}");
+    env.stop().await;
+}
