@@ -177,14 +177,15 @@ async fn each_answer_maps_to_its_class() {
         ),
         (
             "400d",
-            SendOutcome::DeadToken {
+            SendOutcome::Rejected {
+                status: Some(400),
                 reason: "APNs 400 DeviceTokenNotForTopic".into(),
             },
         ),
         (
             "400b",
             SendOutcome::Mismatch {
-                dead_token: true,
+                dead_token: false,
                 reason: "APNs 400 BadDeviceToken".into(),
             },
         ),

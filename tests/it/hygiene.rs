@@ -5,11 +5,15 @@ use crate::harness::{job_at, produce_job, TestWorker};
 use crate::helpers::{requests_for, unique_name, wait_for};
 use proptest::prelude::*;
 use pushpace::capping::{CapConfig, CapDecision, FrequencyCap};
-use pushpace::hygiene::{bloom_key, token_hash, BloomFilter};
+use pushpace::hygiene::{token_hash, BloomFilter, Scope};
 use pushpace::limiter::{Clock, ManualClock, Nanos};
+use pushpace::provider::{Provider, ProviderKind, Providers};
+use pushpace::sender::{AnySender, HttpSender, HttpSenderConfig};
+use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
 use pushpace::worker::Worker;
 use sqlx::PgPool;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const WINDOW: Nanos = 60_000_000_000;
@@ -89,13 +93,14 @@ proptest! {
 }
 
 /// A token that is not `gone` but lands on the same bits of a one-hash, 64-bit filter
-/// (what `hygiene.expected_tokens = 1`, `false_positive_rate = 0.5` builds).
-/// Also returns one that does not collide.
+/// (what `hygiene.expected_tokens = 1`, `false_positive_rate = 0.5` builds), in the scope
+/// of the sink's provider (`webhook`). Also returns one that does not collide.
 fn colliding_token(gone: &str) -> (String, String) {
     let filter = BloomFilter::with_rate(1, 0.5).unwrap();
     assert_eq!((filter.bits(), filter.hashes()), (64, 1));
-    filter.insert(bloom_key(&token_hash(gone)));
-    let maybe = |t: &String| filter.may_contain(bloom_key(&token_hash(t)));
+    let scope = Scope::new("webhook");
+    filter.insert(scope.key(&token_hash(gone)));
+    let maybe = |t: &String| filter.may_contain(scope.key(&token_hash(t)));
     let collides = (0..)
         .map(|i| format!("ok-collides-{i}"))
         .find(maybe)
@@ -289,4 +294,150 @@ async fn a_capped_device_is_counted_and_not_sent() {
     .await
     .unwrap();
     assert_eq!(done, 4, "jobs with capped devices complete");
+}
+
+/// A sink, and two webhook providers `a` and `b` (`a` the default) sending to it: two
+/// apps, say, that share some device tokens.
+async fn two_providers() -> (SinkHandle, Providers) {
+    let sink = Sink::start(SinkConfig::default()).await.expect("sink");
+    let provider = |name: &str| Provider {
+        name: Arc::from(name),
+        kind: ProviderKind::Webhook,
+        max_rate: None,
+        max_in_flight: None,
+        adaptive: None,
+        sender: AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap()),
+    };
+    let providers = Providers::new(vec![provider("a"), provider("b")], "a").unwrap();
+    (sink, providers)
+}
+
+async fn produce_through(topic: &str, provider: &str, campaign: &str, job: &str, devices: &[&str]) {
+    let mut j = job_at(job, campaign, 1000.0, devices);
+    j.provider = Some(provider.to_string());
+    produce_job(topic, &j).await;
+}
+
+async fn marks(pool: &PgPool) -> Vec<(Option<String>, String)> {
+    sqlx::query_as("SELECT provider, reason FROM invalid_tokens ORDER BY provider")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_dead_through_one_provider_is_still_sent_through_another() {
+    let (sink, providers) = two_providers().await;
+    sink.set_gone_prefix(Some("gone-"));
+    let mut tw = TestWorker::options()
+        .providers(providers)
+        .settings(&[("hygiene.reload_ms", "200".into())])
+        .spawn()
+        .await;
+    let (pool, topic) = (tw.pool.clone(), tw.topic.clone());
+    let run = unique_name("hs").replace('_', "-");
+    let gone = format!("gone-{run}");
+    produce_through(
+        &topic,
+        "a",
+        &format!("{run}-c1"),
+        &format!("{run}-j1"),
+        &[&gone],
+    )
+    .await;
+    let end = Instant::now() + Duration::from_secs(60);
+    while marks(&pool).await.is_empty() {
+        assert!(Instant::now() < end, "the 410 was never recorded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Through b: sent (b never said it is dead). Through a again: skipped.
+    let (c2, c3) = (format!("{run}-c2"), format!("{run}-c3"));
+    let (ok2, ok3) = (format!("ok2-{run}"), format!("ok3-{run}"));
+    produce_through(&topic, "b", &c2, &format!("{run}-j2"), &[&gone, &ok2]).await;
+    produce_through(&topic, "a", &c3, &format!("{run}-j3"), &[&gone, &ok3]).await;
+    wait_for("both later jobs", Duration::from_secs(60), || {
+        requests_for(&sink, &ok2) == 1 && requests_for(&sink, &ok3) == 1
+    })
+    .await;
+    wait_for("the answer through b", Duration::from_secs(30), || {
+        requests_for(&sink, &gone) >= 2
+    })
+    .await;
+    tw.stop().await;
+    assert_eq!(
+        requests_for(&sink, &gone),
+        2,
+        "once through a, once through b, not again through a"
+    );
+    assert_eq!(skipped(&pool, &c3).await, 1, "skipped in a's scope");
+    assert_eq!(skipped(&pool, &c2).await, 0, "not skipped through b");
+    let m = marks(&pool).await;
+    let scopes: Vec<Option<&str>> = m.iter().map(|(p, _)| p.as_deref()).collect();
+    assert_eq!(
+        scopes,
+        [Some("a"), Some("b")],
+        "one mark per provider that said so"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_mark_no_longer_skips_and_prune_deletes_it() {
+    let mut tw = TestWorker::options().prepare().await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
+    let run = unique_name("hx").replace('_', "-");
+    let (expired, live, ok) = (
+        format!("expired-{run}"),
+        format!("live-{run}"),
+        format!("ok-{run}"),
+    );
+    // The sink's provider is `webhook`: one mark expired a minute ago, one for a day.
+    for (token, expires) in [(&expired, "-1 minute"), (&live, "1 day")] {
+        sqlx::query(
+            "INSERT INTO invalid_tokens (token_hash, provider, reason, expires_at) \
+             VALUES ($1, 'webhook', 'HTTP 410', now() + $2::interval)",
+        )
+        .bind(token_hash(token).as_slice())
+        .bind(expires)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let campaign = format!("{run}-c");
+    produce(
+        &topic,
+        &campaign,
+        &format!("{run}-j"),
+        &[&expired, &live, &ok],
+    )
+    .await;
+    tw.start().await;
+    wait_for("the job", Duration::from_secs(60), || {
+        requests_for(&sink, &ok) == 1 && requests_for(&sink, &expired) == 1
+    })
+    .await;
+    let w = tw.take_worker();
+    let loaded = w.hygiene.as_ref().unwrap().stats().loaded;
+    w.shutdown().await.unwrap();
+    assert_eq!(
+        requests_for(&sink, &expired),
+        1,
+        "an expired mark skips nothing"
+    );
+    assert_eq!(
+        requests_for(&sink, &live),
+        0,
+        "an unexpired mark still skips"
+    );
+    assert_eq!(skipped(&pool, &campaign).await, 1);
+    assert_eq!(loaded, 1, "the expired row is not loaded into the filter");
+
+    let report = pushpace::store::prune::prune(&pool, chrono::Duration::days(2), 100)
+        .await
+        .unwrap();
+    assert_eq!(report.invalid_tokens_expired, 1);
+    let left: Vec<Vec<u8>> = sqlx::query_scalar("SELECT token_hash FROM invalid_tokens")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, [token_hash(&live).to_vec()]);
 }

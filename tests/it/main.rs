@@ -35,4 +35,5 @@ mod series;
 mod store;
 mod totals;
 mod watcher;
+mod webhook_refusals;
 mod webpush;

@@ -106,7 +106,8 @@ async fn dead_tokens_are_recorded_and_a_second_campaign_skips_them() {
     let hygiene = hygiene.expect("hygiene enabled");
     wait_until("the filter to hold the dead tokens", DB_WRITE, || async {
         dead.iter().all(|t| {
-            let key = pushpace::hygiene::bloom_key(&pushpace::hygiene::token_hash(t));
+            let scope = pushpace::hygiene::Scope::new("apns");
+            let key = scope.key(&pushpace::hygiene::token_hash(t));
             hygiene.filter().may_contain(key)
         })
     })
@@ -128,6 +129,64 @@ async fn dead_tokens_are_recorded_and_a_second_campaign_skips_them() {
         6
     );
     assert_eq!(controls.requests(), 6 + 10 + 10);
+    env.stop().await;
+}
+
+/// DeviceTokenNotForTopic (another app's token) and a minority BadDeviceToken (the other
+/// environment's) are rejected for this campaign, each a letter, and the tokens are not
+/// marked dead: a second campaign sends them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_topic_and_environment_tokens_are_rejected_not_dead() {
+    let (mock, env) = start(|_| {}).await;
+    let good = tokens("f0", 20);
+    let other_app = tokens("400d", 1);
+    let other_env = tokens("400b", 1);
+    let all: Vec<String> = other_app
+        .iter()
+        .chain(&other_env)
+        .chain(&good)
+        .cloned()
+        .collect();
+    let c1 = campaign("topic1");
+    env.produce(apns_job(&c1, 100.0, &all)).await;
+    wait_until("campaign 1 answered and counted", GROUP_JOIN, || async {
+        let c = env.counts(&c1).await;
+        all_delivered(&mock, &good, 1) && c.sent == 20 && c.rejected == 2
+    })
+    .await;
+    wait_until("two letters", DB_WRITE, || async {
+        env.dead_letters(&c1).await == 2
+    })
+    .await;
+    let reasons: Vec<(String, String)> = sqlx::query_as(
+        "SELECT device_token, reason FROM dead_letters WHERE campaign_id = $1 ORDER BY device",
+    )
+    .bind(&c1)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(reasons[0].0, other_app[0]);
+    assert!(
+        reasons[0].1.contains("DeviceTokenNotForTopic"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[1].0, other_env[0]);
+    assert!(reasons[1].1.contains("BadDeviceToken"), "{reasons:?}");
+    assert_eq!(env.invalid_tokens().await, 0, "neither token is dead");
+    assert_eq!(env.counts(&c1).await.invalid, 0);
+
+    let c2 = campaign("topic2");
+    env.produce(apns_job(&c2, 100.0, &all)).await;
+    wait_until("campaign 2 answered", DB_WRITE, || async {
+        let c = env.counts(&c2).await;
+        all_delivered(&mock, &good, 2) && c.rejected == 2
+    })
+    .await;
+    let c = env.counts(&c2).await;
+    assert_eq!(c.skipped_invalid, 0, "{c:?}");
+    let controls = mock.controls();
+    assert_eq!(controls.answers("DeviceTokenNotForTopic"), 2, "sent again");
+    assert_eq!(controls.answers("BadDeviceToken"), 2, "sent again");
     env.stop().await;
 }
 
