@@ -2,6 +2,7 @@
 //! `THIRD_PARTY_AUTH_ERROR`), and the resume cap of a device that halts its campaign.
 //! The scripted sender answers through the real classifiers, on the manual clock.
 
+use super::refusals::{FORGET_ANSWERS, HOLD_ANSWERS, MAX_ORIGINS};
 use super::*;
 use crate::limiter::Algorithm;
 use crate::provider::{fcm, webpush, Provider, ProviderKind, Providers};
@@ -342,4 +343,82 @@ async fn fcm_third_party_auth_error_is_judged_by_majority() {
     h.run(ROUNDS).await;
     assert!(h.halts("other").is_empty());
     assert_eq!(h.s.stats().delivered, 199 + 50);
+}
+
+#[tokio::test]
+async fn a_refusal_on_a_host_with_no_other_device_is_settled_while_the_campaign_sends() {
+    let mut h = Harness::new(ProviderKind::WebPush);
+    let mut list = subs(GOOD, "ok", 999);
+    list.insert(10, sub("https://lonely.example", "refuse-1"));
+    h.add("c", list);
+    // Five rounds send about 5 × 64 (the in-flight pool): more than HOLD_ANSWERS after
+    // the refusal, far from the campaign's end.
+    h.run(5).await;
+    let sends = h.sender.sends.load(Ordering::Relaxed);
+    assert!(sends > 10 + HOLD_ANSWERS && sends < 900, "{sends} sends");
+    assert_eq!(h.letters("c").len(), 1, "settled before the campaign ended");
+    h.run(ROUNDS).await;
+    assert_eq!(h.s.stats().delivered, 999);
+    assert!(h.halts("c").is_empty());
+}
+
+#[tokio::test]
+async fn many_lone_refusing_hosts_neither_halt_nor_hide_a_majority_elsewhere() {
+    let mut h = Harness::new(ProviderKind::WebPush);
+    let mut list = Vec::new();
+    // Twice as many single-device hosts as the windows a campaign keeps.
+    for i in 0..2 * MAX_ORIGINS {
+        list.extend(subs(GOOD, &format!("ok{i}"), 5));
+        list.push(sub(&format!("https://host{i}.example"), "refuse"));
+    }
+    h.add("c", list);
+    h.run(ROUNDS).await;
+    assert!(h.halts("c").is_empty(), "{:?}", h.halts("c"));
+    assert_eq!(h.letters("c").len(), 2 * MAX_ORIGINS);
+    assert_eq!(h.jobs_open(), 0);
+    // The same campaign's next job: every subscription on one service refused.
+    let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
+    let stale = subs("https://stale.example", "refuse", 50);
+    let job = Job::new("c-job-2", "c", stale, payload).unwrap();
+    let rate = Rate::per_second(10_000.0).unwrap();
+    let settings = CampaignSettings::active("c", rate, Algorithm::Gcra);
+    h.s.add_job(IncomingJob::fresh(job, 0, 1, settings), h.now);
+    h.run(ROUNDS).await;
+    let halts = h.halts("c");
+    assert!(
+        matches!(&halts[..], [r] if r.contains("https://stale.example")),
+        "{halts:?}"
+    );
+    assert_eq!(
+        h.letters("c").len(),
+        2 * MAX_ORIGINS,
+        "the stale ones are held"
+    );
+}
+
+#[tokio::test]
+async fn a_window_refused_once_long_ago_is_dropped() {
+    let mut h = Harness::new(ProviderKind::WebPush);
+    let mut list = vec![sub("https://once.example", "refuse-1")];
+    list.extend(subs(GOOD, "ok", 2999));
+    h.add("c", list);
+    let watching = |h: &Harness| {
+        let slot = h.s.by_id["c"];
+        h.s.campaigns[slot as usize]
+            .as_ref()
+            .is_some_and(|c| c.refusals.watching())
+    };
+    h.run(2).await;
+    assert!(watching(&h), "the refusal opened a window");
+    // Past FORGET_ANSWERS answers since the refusal, short of the campaign's end.
+    let sends = |h: &Harness| h.sender.sends.load(Ordering::Relaxed);
+    for _ in 0..1000 {
+        if sends(&h) > FORGET_ANSWERS + 64 {
+            break;
+        }
+        h.run(1).await;
+    }
+    let sends = sends(&h);
+    assert!(sends > FORGET_ANSWERS + 64 && sends < 2900, "{sends} sends");
+    assert!(!watching(&h), "the window is still read on every answer");
 }

@@ -42,6 +42,10 @@ pub const MAX_ORIGINS: usize = 8;
 /// A held refusal is settled once its campaign has answered this many times since: an
 /// origin with a few devices never fills its window, and its job must finish.
 pub const HOLD_ANSWERS: u64 = REFUSAL_WINDOW as u64;
+/// A window holding nothing is dropped once its campaign has answered this many times
+/// since its last refusal (or when its refusals have all slid out): an origin refused
+/// once long ago no longer costs each answer an origin read.
+pub const FORGET_ANSWERS: u64 = 10 * REFUSAL_WINDOW as u64;
 
 /// A send's identity as the scheduler retries it: (job slot, device, attempt, first
 /// failure).
@@ -108,6 +112,11 @@ impl Refusals {
     pub(super) fn holds(&self) -> bool {
         self.windows.iter().any(|w| !w.held.is_empty())
     }
+
+    /// A window is open: each answer reads its device's origin.
+    pub(super) fn watching(&self) -> bool {
+        !self.windows.is_empty()
+    }
 }
 
 impl Scheduler {
@@ -146,7 +155,7 @@ impl Scheduler {
     pub(super) fn origin_answered(&mut self, cslot: u32, slot: u32, device: u32, unix_sec: u64) {
         let watching = self.campaigns[cslot as usize]
             .as_ref()
-            .is_some_and(|c| !c.refusals.windows.is_empty());
+            .is_some_and(|c| c.refusals.watching());
         if !watching {
             return;
         }
@@ -303,7 +312,10 @@ impl Scheduler {
             };
             settled.extend(w.held.drain(..cut));
         }
-        r.windows.retain(|w| w.refused > 0 || !w.held.is_empty());
+        let answers = r.answers;
+        r.windows.retain(|w| {
+            !w.held.is_empty() || (w.refused > 0 && answers - w.last_refused < FORGET_ANSWERS)
+        });
         for h in settled {
             self.settle_refusal(h, unix_sec);
         }
