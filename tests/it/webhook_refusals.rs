@@ -28,6 +28,8 @@ const AFTER_HALT: Duration = Duration::from_secs(2);
 
 /// What the loopback webhook saw: (device token, payload text) per request.
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
+/// The webhook's state: what it saw, "accept all", and its answer per token.
+type HookState = (Seen, Arc<AtomicBool>, fn(&str) -> u16);
 
 struct Hook {
     url: String,
@@ -57,8 +59,7 @@ async fn hook(status: fn(&str) -> u16) -> Hook {
     let state = (seen.clone(), accept_all.clone(), status);
     let app = axum::Router::new()
         .fallback(
-            |State((seen, all, status)): State<(Seen, Arc<AtomicBool>, fn(&str) -> u16)>,
-             body: Bytes| async move {
+            |State((seen, all, status)): State<HookState>, body: Bytes| async move {
                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                 let token = v["device_token"].as_str().unwrap_or("").to_string();
                 let payload = v["payload"].to_string();
@@ -213,7 +214,7 @@ async fn a_device_letter_replays_with_its_payload() {
         .unwrap()
         .expect("a device letter can be replayed");
     let job = pushpace::job::decode(&message).expect("the replay is a valid job");
-    assert_eq!(job.devices, [bad.clone()]);
+    assert_eq!(job.devices, std::slice::from_ref(&bad));
     assert_eq!(job.payload.get(), payload, "the payload byte for byte");
     assert_eq!(job.provider.as_deref(), Some("hook"));
     assert_eq!(job.options.ttl_s, Some(600));
