@@ -223,3 +223,19 @@ fn secrets_stay_out_of_debug() {
         "postgres://app:***@127.0.0.1:5432/pushpace"
     );
 }
+
+#[test]
+fn hygiene_invalid_ttl_defaults_to_30_days_and_is_bounded() {
+    let s = load(&[], &[]).unwrap();
+    assert_eq!(
+        s.hygiene.ttl(),
+        std::time::Duration::from_secs(30 * 24 * 3600)
+    );
+    assert_eq!(s.hygiene.ttl(), crate::hygiene::DEFAULT_INVALID_TTL);
+    let s = load(&[("PUSHPACE__HYGIENE__INVALID_TTL", "3600")], &[]).unwrap();
+    assert_eq!(s.hygiene.invalid_ttl, 3600);
+    for bad in ["0", "315360001"] {
+        let e = load(&[], &[&format!("hygiene.invalid_ttl={bad}")]).unwrap_err();
+        assert!(e.to_string().starts_with("hygiene.invalid_ttl: "), "{e}");
+    }
+}

@@ -343,3 +343,24 @@ impl TokenHygiene {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_token_has_one_key_per_provider_and_legacy_keys_are_unsalted() {
+        let hash = token_hash("tok");
+        let (a, b) = (Scope::new("a"), Scope::new("b"));
+        assert_ne!(a.key(&hash), b.key(&hash));
+        assert_eq!(a.key(&hash), Scope::new("a").key(&hash), "stable");
+        assert_ne!(a.key(&hash), bloom_key(&hash), "never the legacy key");
+        let filter = BloomFilter::with_rate(1000, 0.001).unwrap();
+        filter.insert(a.key(&hash));
+        assert!(filter.may_contain(a.key(&hash)));
+        assert!(
+            !filter.may_contain(b.key(&hash)),
+            "another scope is not marked"
+        );
+    }
+}
