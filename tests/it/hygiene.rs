@@ -441,3 +441,76 @@ async fn an_expired_mark_no_longer_skips_and_prune_deletes_it() {
         .unwrap();
     assert_eq!(left, [token_hash(&live).to_vec()]);
 }
+
+/// Marks written before scopes (no provider) keep skipping for every provider, but only
+/// until first_seen + 30 days; new marks beside them are per provider.
+#[tokio::test]
+async fn the_scope_migration_keeps_old_marks_until_they_expire() {
+    use pushpace::hygiene::{TokenHygiene, DEFAULT_INVALID_TTL};
+    let url = format!(
+        "{}/{}",
+        crate::helpers::pg_server(),
+        unique_name("pushpace_test")
+    );
+    pushpace::store::ensure_database(&url).await.unwrap();
+    let pool = pushpace::store::connect(&url, 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    // The migrations before scopes, from a copy of the directory.
+    let dir = tempfile::tempdir().unwrap();
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if name.as_str() < "20261206000100" {
+            std::fs::copy(&path, dir.path().join(&name)).unwrap();
+        }
+    }
+    sqlx::migrate::Migrator::new(dir.path())
+        .await
+        .unwrap()
+        .run(&pool)
+        .await
+        .unwrap();
+    for (token, age) in [("old-mark", "40 days"), ("recent-mark", "1 day")] {
+        sqlx::query(
+            "INSERT INTO invalid_tokens (token_hash, reason, first_seen) \
+             VALUES ($1, 'APNs 400 DeviceTokenNotForTopic', now() - $2::interval)",
+        )
+        .bind(token_hash(token).as_slice())
+        .bind(age)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    pushpace::store::migrate(&pool).await.unwrap();
+    let rows: Vec<(Option<String>, bool)> = sqlx::query_as(
+        "SELECT provider, expires_at = first_seen + interval '30 days' \
+         FROM invalid_tokens ORDER BY first_seen",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, [(None, true), (None, true)]);
+
+    let filter = BloomFilter::with_rate(100, 0.01).unwrap();
+    let names: Vec<Arc<str>> = vec![Arc::from("a"), Arc::from("b")];
+    let h = TokenHygiene::with_filter(pool.clone(), filter, DEFAULT_INVALID_TTL, &names)
+        .await
+        .unwrap();
+    assert_eq!(h.stats().loaded, 1, "the expired legacy mark is not loaded");
+    let tokens = ["old-mark".to_string(), "recent-mark".to_string()];
+    for provider in ["a", "b"] {
+        assert_eq!(
+            h.invalid_among(&tokens, provider).await.unwrap(),
+            [1],
+            "{provider}: the unexpired legacy mark still skips"
+        );
+    }
+    // A new answer marks the old token again, for its provider only.
+    h.record_invalid("old-mark", "a", "APNs 410 Unregistered")
+        .await
+        .unwrap();
+    assert_eq!(h.invalid_among(&tokens, "a").await.unwrap(), [0, 1]);
+    assert_eq!(h.invalid_among(&tokens, "b").await.unwrap(), [1]);
+}
