@@ -171,6 +171,34 @@ async fn webpush_a_vapid_key_the_service_does_not_expect_is_judged_by_majority()
 }
 
 #[tokio::test]
+async fn webpush_401_403_413_for_one_subscription_are_judged_by_majority() {
+    let s = setup(webpush::vapid::DEFAULT_LIFETIME).await;
+    let other =
+        VapidSigner::new(&vapid_key(), "mailto:a@b.c", Duration::from_secs(60)).expect("signer");
+    let (stale, _) = s.mock.subscribe_under(other.public_key_b64());
+    let (mozilla, id_401) = s.mock.subscribe();
+    s.mock.refuse_subscription(&id_401, 401);
+    let (small, id_413) = s.mock.subscribe();
+    s.mock.refuse_subscription(&id_413, 413);
+    let (fine, id_ok) = s.mock.subscribe();
+    let j = job(
+        vec![stale, mozilla, small, fine],
+        "{}",
+        PushOptions::default(),
+    );
+    for (i, code) in [(0, "HTTP 403"), (1, "HTTP 401"), (2, "HTTP 413")] {
+        let out = s.sender.send(&j, i).await;
+        assert!(
+            matches!(&out, SendOutcome::Halt { scope: HaltScope::Majority, reason } if reason.starts_with(code)),
+            "{out:?}"
+        );
+    }
+    // The same key and service take the other subscription.
+    assert_eq!(s.sender.send(&j, 3).await, SendOutcome::Delivered);
+    assert_eq!(s.mock.received(&id_ok), vec![b"{}".to_vec()]);
+}
+
+#[tokio::test]
 async fn webpush_rate_limits_and_errors_are_provider_retries() {
     let s = setup(webpush::vapid::DEFAULT_LIFETIME).await;
     let (sub, id) = s.mock.subscribe();

@@ -62,6 +62,9 @@ struct Subscription {
     /// The application server key (`k=`) it was made under, when it is not whatever
     /// key signs (a subscription from before a key rotation).
     made_under: Option<String>,
+    /// A status it is answered with once the request is otherwise valid (a test's
+    /// choice: Mozilla's 401 errno 109, a 413 of a service with a smaller limit).
+    refused_with: Option<u16>,
 }
 
 /// An answer forced on the next requests.
@@ -184,6 +187,7 @@ impl WebPushMock {
             gone: false,
             received: Vec::new(),
             made_under,
+            refused_with: None,
         };
         self.state.subs.lock().insert(id.clone(), sub);
         (json, id)
@@ -193,6 +197,14 @@ impl WebPushMock {
     pub fn unsubscribe(&self, id: &str) {
         if let Some(s) = self.state.subs.lock().get_mut(id) {
             s.gone = true;
+        }
+    }
+
+    /// Subscription `id` alone is answered `status` (401, 403, 413…) from now on, once
+    /// its request passes every other check.
+    pub fn refuse_subscription(&self, id: &str, status: u16) {
+        if let Some(s) = self.state.subs.lock().get_mut(id) {
+            s.refused_with = Some(status);
         }
     }
 
@@ -307,10 +319,13 @@ impl State {
             return reply(405, "POST only");
         }
         let seeded = self.seeded.get().and_then(|s| s.secrets(id));
-        let made_under = match self.subs.lock().get(id) {
+        let (made_under, refused_with) = match self.subs.lock().get(id) {
             None if seeded.is_none() => return reply(404, "no such subscription"),
             Some(s) if s.gone => return reply(410, "subscription expired"),
-            s => s.and_then(|s| s.made_under.clone()),
+            s => (
+                s.and_then(|s| s.made_under.clone()),
+                s.and_then(|s| s.refused_with),
+            ),
         };
         if let Err((status, message)) = check_headers(req.headers()) {
             return reply(status, &message);
@@ -324,6 +339,9 @@ impl State {
                 403,
                 "VAPID key differs from the one this subscription was made under",
             );
+        }
+        if let Some(status) = refused_with {
+            return reply(status, "refused for this subscription by the test");
         }
         let body = req.body();
         if body.len() > MAX_BODY {
