@@ -37,9 +37,10 @@ use std::time::Duration;
 pub enum SendOutcome {
     /// The provider accepted it.
     Delivered,
-    /// The token will never work again (APNs 410 `Unregistered`, FCM `UNREGISTERED`, Web
-    /// Push 404/410, webhook 410): recorded in `invalid_tokens`, counted `invalid`, and
-    /// the device is finished without a dead letter.
+    /// The token will not work again through this provider (APNs 410 `Unregistered`, FCM
+    /// `UNREGISTERED`, Web Push 404/410, webhook 410): recorded in `invalid_tokens` under
+    /// the provider, until `hygiene.invalid_ttl` passes; counted `invalid`, and the device
+    /// is finished without a dead letter.
     DeadToken { reason: String },
     /// Too many sends to this one device (APNs 429 `TooManyRequests`): that device alone
     /// is retried after `after`; the campaign keeps sending.

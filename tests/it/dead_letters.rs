@@ -499,3 +499,38 @@ async fn the_api_shows_prefixes_lengths_key_and_device() {
     assert_eq!(item["device_token"], "t\\0k");
     app.app.stop().await.unwrap();
 }
+
+/// A job's replay template goes once no letter of its message is left (and not while a
+/// letter may still be on its way: only templates over an hour old).
+#[tokio::test]
+async fn replay_templates_without_letters_are_pruned() {
+    let (pool, _) = fresh_database().await;
+    let l = letter(DeadLetterKind::Undeliverable, 1, Some(0));
+    dead_letters::insert(&pool, &l).await.unwrap().unwrap();
+    for (offset, age) in [(1i64, "2 hours"), (2, "2 hours"), (3, "1 minute")] {
+        sqlx::query(
+            "INSERT INTO dead_letter_jobs (topic, partition, kafka_offset, job, created_at) \
+             VALUES ('pushpace.jobs', 3, $1, '{}', now() - $2::interval)",
+        )
+        .bind(offset)
+        .bind(age)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let report = store::prune_with_dead_letters(
+        &pool,
+        chrono::Duration::days(2),
+        chrono::Duration::days(2),
+        100,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.letter_jobs_deleted, 1);
+    let left: Vec<i64> =
+        sqlx::query_scalar("SELECT kafka_offset FROM dead_letter_jobs ORDER BY kafka_offset")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left, [1, 3], "kept: the one with a letter, the recent one");
+}

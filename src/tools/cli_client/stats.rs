@@ -84,13 +84,16 @@ async fn prune(
     let (report, rolled) = report?;
     Ok(format!(
         "pruned older than {older_than}: {} per-second rows, {} finished job progress rows, {} flush markers, \
-         {} per-minute rows; dead letters older than {dead_letters_older_than}: {}\n\
+         {} per-minute rows; dead letters older than {dead_letters_older_than}: {} \
+         ({} replay templates left without a letter); expired invalid-token marks: {}\n\
          rolled up older than {} h: {} per-second rows into {} per-minute rows\n",
         report.seconds_deleted,
         report.progress_deleted,
         report.markers_deleted,
         report.minutes_deleted,
         report.dead_letters,
+        report.letter_jobs_deleted,
+        report.invalid_tokens_expired,
         rollup_after.num_hours(),
         rolled.seconds_rolled,
         rolled.minutes_written
