@@ -8,7 +8,8 @@
 //! Modules, in data-path order:
 //! - [`broker`]: Kafka client configuration, topic creation and the embedded mock broker.
 //! - [`job`]: decoding and validating job messages.
-//! - [`hygiene`]: the Bloom filter in front of `invalid_tokens`: gone tokens are never re-sent.
+//! - [`hygiene`]: the Bloom filter in front of `invalid_tokens`: a token gone for a provider
+//!   is not re-sent through it until its mark expires.
 //! - [`capping`]: per-device frequency caps (count-min sketch, then an exact stage).
 //! - [`limiter`]: the `RateLimiter` trait, its algorithms, clocks and the `Rate` type.
 //! - [`sender`]: the `Sender` trait, the response classes, the webhook sender and the null sender.
