@@ -26,7 +26,7 @@ mod health;
 mod patch;
 
 pub use dead_letter_page::dead_letters;
-pub use health::{healthz, metrics, readyz};
+pub use health::{healthz, metrics, readyz, ReadyCache};
 pub use patch::parse_patch;
 
 pub(super) type Params = Result<Query<HashMap<String, String>>, QueryRejection>;

@@ -93,10 +93,8 @@ struct Inner {
     pool: PgPool,
     admin_token: SecretString,
     defaults: CampaignDefaults,
-    bootstrap: String,
-    /// The connection keys the readiness check's client uses, as every client does.
-    kafka: crate::config::KafkaSettings,
-    broker_timeout: Duration,
+    /// `/readyz`'s checks: cached, on a connection and a Kafka client of their own.
+    readiness: handlers::ReadyCache,
     worker: Option<WorkerView>,
     metrics: Option<PrometheusHandle>,
     /// `limiter.global_rate`, for the summary.
@@ -115,12 +113,16 @@ impl AppState {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
-                pool,
                 admin_token: settings.http.admin_token.clone(),
                 defaults: crate::worker::campaign_defaults(settings),
-                bootstrap,
-                kafka: settings.kafka.clone(),
-                broker_timeout: Duration::from_secs(2),
+                readiness: handlers::ReadyCache::new(
+                    Arc::new(crate::limiter::MonotonicClock::new()),
+                    &pool,
+                    settings.kafka.clone(),
+                    bootstrap,
+                    Duration::from_secs(2),
+                ),
+                pool,
                 worker,
                 metrics,
                 global_rate: settings.limiter.global_rate().map(|r| r.as_f64()),
@@ -140,6 +142,10 @@ impl AppState {
     /// The configured cap over all campaigns, per second.
     pub(crate) fn global_rate(&self) -> Option<f64> {
         self.inner.global_rate
+    }
+
+    pub(crate) fn readiness(&self) -> &handlers::ReadyCache {
+        &self.inner.readiness
     }
 
     pub(crate) fn worker(&self) -> Option<&WorkerView> {
