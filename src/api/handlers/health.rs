@@ -120,7 +120,8 @@ impl ReadyCache {
     }
 
     /// How many times the checks ran.
-    pub fn runs(&self) -> u64 {
+    #[cfg(test)]
+    fn runs(&self) -> u64 {
         self.runs.load(Ordering::Relaxed)
     }
 
