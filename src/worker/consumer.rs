@@ -117,6 +117,10 @@ const PRESSURE_GRACE: Duration = Duration::from_millis(200);
 /// ([`Loop::pause_after_read`]), so it is paused before its next message.
 const BOOKKEEPING_EVERY: Duration = Duration::from_millis(5);
 
+/// How often the commit timer commits every watermark, moved or not (else only the
+/// moved ones): a failed commit whose failure was never reported is retried within this.
+const RECOMMIT_EVERY: Duration = Duration::from_secs(5);
+
 /// How long a failed re-read of a parked job waits before that campaign tries again.
 const REFETCH_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -216,10 +220,18 @@ pub fn spawn(
             // Timers built on this thread (timeouts in block_on) need the runtime's context.
             let _context = runtime.enter();
             let mut last_commit = Instant::now();
+            let mut last_full = Instant::now();
             while !stop.is_cancelled() {
                 intake.step();
                 if last_commit.elapsed() >= commit_every {
-                    intake.with_state(|s, c| s.commit(c, CommitMode::Async, false));
+                    // Now and then every watermark again, moved or not: an async
+                    // commit's failure may never be reported (its callback did not come
+                    // in tests on tansu), and a failed one must still be retried.
+                    let all = last_full.elapsed() >= RECOMMIT_EVERY;
+                    if all {
+                        last_full = Instant::now();
+                    }
+                    intake.with_state(|s, c| s.commit(c, CommitMode::Async, all));
                     last_commit = Instant::now();
                 }
             }

@@ -383,6 +383,24 @@ mod tests {
     }
 
     #[test]
+    fn the_periodic_full_commit_resends_a_watermark_whose_failure_went_unreported() {
+        let mut tracker = OffsetTracker::default();
+        tracker.started(2, 0);
+        tracker.finished(2, 0);
+        let to = Flaky {
+            fail: 0.into(),
+            committed: RefCell::default(),
+        };
+        // Handed over; its failure never reported: the moved-only tick has nothing.
+        assert!(tick(&mut tracker, &to).is_some());
+        assert_eq!(tick(&mut tracker, &to), None);
+        // The timer's full commit (RECOMMIT_EVERY) sends it again.
+        let full = commit_watermarks(&mut tracker, "jobs", &to, CommitMode::Async, true);
+        assert_eq!(full, Some(vec![(2, 1)]));
+        assert_eq!(to.committed.borrow().len(), 2);
+    }
+
+    #[test]
     fn an_async_commit_that_fails_later_is_retried_at_the_next_tick() {
         let mut tracker = OffsetTracker::default();
         tracker.started(0, 7);
