@@ -78,7 +78,7 @@ impl Scheduler {
             outcome,
             latency_ns,
         } = done;
-        let Some(cslot) = self.release_in_flight(slot, &outcome, latency_ns, now) else {
+        let Some(cslot) = self.release_in_flight((slot, device), &outcome, latency_ns, now) else {
             return;
         };
         let retry = (slot, device, attempt, first_failed);
@@ -111,7 +111,7 @@ impl Scheduler {
     /// for a job that is gone.
     fn release_in_flight(
         &mut self,
-        slot: u32,
+        (slot, device): (u32, u32),
         outcome: &SendOutcome,
         latency_ns: u64,
         now: Nanos,
@@ -124,7 +124,7 @@ impl Scheduler {
             *n = n.saturating_sub(1);
         }
         self.in_flight -= 1;
-        self.lane_answer(provider, outcome, latency_ns, now);
+        self.lane_answer(slot, device, outcome, latency_ns, now);
         let c = self.campaigns[cslot as usize]
             .as_mut()
             .expect("campaign of job");

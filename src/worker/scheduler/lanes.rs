@@ -1,6 +1,7 @@
 //! Each provider's lane: its adaptive ceiling ([`Ceiling`]), the sends dispatched to it
 //! in the current second, and the last [`HISTORY_S`] seconds of ceiling, demand and
-//! achieved rate for the API's chart.
+//! achieved rate for the API's chart. A Web Push provider's ceilings are per push-service
+//! origin instead (`origins.rs`), built from the same [`Lane`].
 //!
 //! The hot path only counts: a dispatch adds one to `sent`, an answer adds one to a
 //! counter in the ceiling. Once a second [`Scheduler::tick_lanes`] judges the second,
@@ -10,7 +11,7 @@
 
 use super::Scheduler;
 use crate::limiter::{Nanos, NANOS_PER_SEC};
-use crate::provider::ceiling::{Ceiling, CeilingState, Signal, SIGNALS};
+use crate::provider::ceiling::{Ceiling, CeilingParams, CeilingState, Signal, SIGNALS};
 use crate::sender::SendOutcome;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -54,6 +55,8 @@ pub struct ProviderLive {
     /// Congested seconds since start, per signal name.
     pub congestion: BTreeMap<&'static str, u64>,
     pub history: Vec<LanePoint>,
+    /// A Web Push provider's lanes, one per push-service origin (none for others).
+    pub origins: Vec<super::origins::OriginLive>,
 }
 
 pub(super) struct Lane {
@@ -69,11 +72,19 @@ pub(super) struct Lane {
 }
 
 impl Lane {
+    /// A provider's lane. A Web Push provider's has no ceiling of its own: its push
+    /// services are paced each in its own origin lane (`origins.rs`).
     pub(super) fn new(p: &crate::provider::Provider) -> Self {
-        let name = p.name.clone();
+        let per_origin = p.kind == crate::provider::ProviderKind::WebPush;
+        Self::named(p.name.clone(), p.adaptive.filter(|_| !per_origin))
+    }
+
+    /// A lane called `name` (its metrics' `provider` label), with a ceiling under
+    /// `params` when given.
+    pub(super) fn named(name: Arc<str>, params: Option<CeilingParams>) -> Self {
         let label = name.to_string();
         Self {
-            ceiling: p.adaptive.map(Ceiling::new),
+            ceiling: params.map(Ceiling::new),
             sent: 0,
             history: VecDeque::with_capacity(HISTORY_S),
             p95_ms: None,
@@ -97,29 +108,15 @@ impl Lane {
         let until = self.ceiling.as_ref()?.paused_until();
         (until > now).then_some(until)
     }
-}
 
-impl Scheduler {
-    /// One send dispatched to `provider`.
-    pub(super) fn lane_sent(&mut self, provider: u16) {
-        if let Some(l) = self.lanes.get_mut(usize::from(provider)) {
-            l.sent += 1;
-        }
+    /// One send dispatched through it.
+    pub(super) fn sent(&mut self) {
+        self.sent += 1;
     }
 
-    /// One answer from `provider`, `latency_ns` after its dispatch.
-    pub(super) fn lane_answer(
-        &mut self,
-        provider: u16,
-        outcome: &SendOutcome,
-        latency_ns: u64,
-        now: Nanos,
-    ) {
-        let Some(c) = self
-            .lanes
-            .get_mut(usize::from(provider))
-            .and_then(|l| l.ceiling.as_mut())
-        else {
+    /// One answer, `latency_ns` after its dispatch.
+    pub(super) fn answer(&mut self, outcome: &SendOutcome, latency_ns: u64, now: Nanos) {
+        let Some(c) = self.ceiling.as_mut() else {
             return;
         };
         match outcome {
@@ -137,6 +134,110 @@ impl Scheduler {
             // Says nothing of the provider's load (its OAuth endpoint is down).
             SendOutcome::RetryProvider { signal: None, .. } => {}
             _ => c.answer(None, latency_ns, now),
+        }
+    }
+
+    /// Judges the second that ended under `demand`; returns whether the ceiling moved.
+    pub(super) fn judge(&mut self, now: Nanos, demand: f64, unix_sec: u64) -> bool {
+        let sent = std::mem::take(&mut self.sent);
+        let mut moved = false;
+        let mut point = LanePoint {
+            unix_s: unix_sec.saturating_sub(1),
+            ceiling: None,
+            demand,
+            achieved: f64::from(sent),
+            accepted: 0.0,
+        };
+        if let Some(c) = self.ceiling.as_mut() {
+            if let Some(judged) = c.tick(now, demand, f64::from(sent)) {
+                moved = judged.changed;
+                point.accepted = f64::from(judged.accepted);
+                self.p95_ms = judged.p95.map(|d| d.as_secs_f64() * 1000.0);
+                if let Some(p) = judged.p95 {
+                    self.gauge_latency.set(p.as_secs_f64());
+                }
+                for (i, hit) in judged.signals.iter().enumerate() {
+                    if *hit {
+                        self.congestion[i].increment(1);
+                    }
+                }
+            }
+            point.ceiling = c.limit();
+            self.gauge_ceiling.set(c.limit().unwrap_or(demand));
+            self.gauge_active
+                .set(if c.limit().is_some() { 1.0 } else { 0.0 });
+        }
+        if self.history.len() == HISTORY_S {
+            self.history.pop_front();
+        }
+        self.history.push_back(point);
+        moved
+    }
+
+    /// `state` as the API names it, and when a pause ends (unix ms).
+    pub(super) fn state_live(&self, now: Nanos, unix_ms: u64) -> (&'static str, Option<u64>) {
+        match self.ceiling.as_ref().map(|c| c.state(now)) {
+            None | Some(CeilingState::Clear) => ("clear", None),
+            Some(CeilingState::BackingOff(_)) => ("backing off", None),
+            Some(CeilingState::Paused { until, .. }) => (
+                "paused",
+                Some(unix_ms + (until.saturating_sub(now) / 1_000_000)),
+            ),
+        }
+    }
+
+    /// Congested seconds since start, per signal name.
+    pub(super) fn congestion_live(&self) -> BTreeMap<&'static str, u64> {
+        let totals = self
+            .ceiling
+            .as_ref()
+            .map(Ceiling::totals)
+            .unwrap_or_default();
+        Signal::ALL
+            .iter()
+            .map(|s| (s.as_str(), totals[*s as usize]))
+            .collect()
+    }
+
+    pub(super) fn p95_ms(&self) -> Option<f64> {
+        self.p95_ms
+    }
+
+    pub(super) fn history(&self) -> impl Iterator<Item = &LanePoint> {
+        self.history.iter()
+    }
+}
+
+impl Scheduler {
+    /// One send dispatched to `provider` (and to its Web Push origin's lane).
+    pub(super) fn lane_sent(&mut self, provider: u16, origin: Option<u16>, now: Nanos) {
+        if let Some(l) = self.lanes.get_mut(usize::from(provider)) {
+            l.sent();
+        }
+        if let Some(o) = origin {
+            self.origins.sent(o, now);
+        }
+    }
+
+    /// One answer for device `device` of job `jslot`, `latency_ns` after its dispatch:
+    /// it feeds the lane of the job's provider, or of the device's Web Push origin.
+    pub(super) fn lane_answer(
+        &mut self,
+        jslot: u32,
+        device: u32,
+        outcome: &SendOutcome,
+        latency_ns: u64,
+        now: Nanos,
+    ) {
+        let Some(job) = self.jobs[jslot as usize].as_ref() else {
+            return;
+        };
+        let provider = job.job.provider_slot;
+        if let Some(origin) = self.origin_lookup(jslot, device) {
+            self.origins.answered(origin, outcome, latency_ns, now);
+        }
+        if let Some(l) = self.lanes.get_mut(usize::from(provider)) {
+            l.answer(outcome, latency_ns, now);
         }
     }
 
@@ -169,38 +270,10 @@ impl Scheduler {
         }
         let mut moved = false;
         for (lane, &demand) in self.lanes.iter_mut().zip(&demand) {
-            let sent = std::mem::take(&mut lane.sent);
-            let mut point = LanePoint {
-                unix_s: unix_sec.saturating_sub(1),
-                ceiling: None,
-                demand,
-                achieved: f64::from(sent),
-                accepted: 0.0,
-            };
-            if let Some(c) = lane.ceiling.as_mut() {
-                if let Some(judged) = c.tick(now, demand, f64::from(sent)) {
-                    moved |= judged.changed;
-                    point.accepted = f64::from(judged.accepted);
-                    lane.p95_ms = judged.p95.map(|d| d.as_secs_f64() * 1000.0);
-                    if let Some(p) = judged.p95 {
-                        lane.gauge_latency.set(p.as_secs_f64());
-                    }
-                    for (i, hit) in judged.signals.iter().enumerate() {
-                        if *hit {
-                            lane.congestion[i].increment(1);
-                        }
-                    }
-                }
-                point.ceiling = c.limit();
-                lane.gauge_ceiling.set(c.limit().unwrap_or(demand));
-                lane.gauge_active
-                    .set(if c.limit().is_some() { 1.0 } else { 0.0 });
-            }
-            if lane.history.len() == HISTORY_S {
-                lane.history.pop_front();
-            }
-            lane.history.push_back(point);
+            moved |= lane.judge(now, demand, unix_sec);
         }
+        // An origin's ceiling paces its own sends at dispatch: no campaign is re-shared.
+        self.origins.judge(now, &demand, unix_sec);
         self.lane_demand = demand;
         if moved {
             self.rebalance(now);
@@ -217,42 +290,25 @@ impl Scheduler {
         self.lanes
             .iter()
             .zip(self.providers.iter())
-            .map(|(lane, p)| {
-                let state = lane.ceiling.as_ref().map(|c| c.state(now));
-                let paused_until_unix_ms = match state {
-                    Some(CeilingState::Paused { until, .. }) => {
-                        Some(unix_ms + (until.saturating_sub(now) / 1_000_000))
-                    }
-                    _ => None,
-                };
-                let totals = lane
-                    .ceiling
-                    .as_ref()
-                    .map(Ceiling::totals)
-                    .unwrap_or_default();
+            .enumerate()
+            .map(|(slot, (lane, p))| {
+                let (state, paused_until_unix_ms) = lane.state_live(now, unix_ms);
                 ProviderLive {
                     name: lane.name.clone(),
                     kind: p.kind.as_str(),
                     max_rate: p.max_rate.map(|r| r.as_f64()),
-                    adaptive: lane.ceiling.is_some(),
-                    state: match state {
-                        None | Some(CeilingState::Clear) => "clear",
-                        Some(CeilingState::BackingOff(_)) => "backing off",
-                        Some(CeilingState::Paused { .. }) => "paused",
-                    },
+                    adaptive: p.adaptive.is_some(),
+                    state,
                     paused_until_unix_ms,
                     ceiling: lane.limit(),
                     p95_ms: lane.p95_ms,
-                    latency_target_ms: lane
-                        .ceiling
-                        .as_ref()
-                        .and_then(|c| c.params().latency_target)
+                    latency_target_ms: p
+                        .adaptive
+                        .and_then(|c| c.latency_target)
                         .map(|d| d.as_secs_f64() * 1000.0),
-                    congestion: Signal::ALL
-                        .iter()
-                        .map(|s| (s.as_str(), totals[*s as usize]))
-                        .collect(),
+                    congestion: lane.congestion_live(),
                     history: lane.history.iter().copied().collect(),
+                    origins: self.origins.live(slot as u16, now, unix_ms),
                 }
             })
             .collect()

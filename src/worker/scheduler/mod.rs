@@ -47,6 +47,7 @@ mod lanes;
 mod lifecycle;
 mod live;
 mod messages;
+mod origins;
 mod outlet;
 mod prefetch;
 mod refusals;
@@ -63,6 +64,7 @@ pub use messages::{CampaignSettings, Completion, Control, Event, IncomingJob};
 pub use waits::{WaitHistogram, WAIT_BUCKETS};
 
 pub use lanes::{LanePoint, ProviderLive, HISTORY_S};
+pub use origins::{OriginLive, MAX_ORIGIN_LANES, ORIGIN_IDLE};
 
 pub use answers::{MISMATCH_MIN, MISMATCH_WINDOW, PROBE_IN_FLIGHT};
 pub use refusals::{MAX_HALT_RESUMES, REFUSAL_MIN, REFUSAL_WINDOW};
@@ -253,6 +255,8 @@ pub struct Scheduler {
     provider_halts: Vec<Option<Arc<str>>>,
     /// Each provider's lane (adaptive ceiling, sends this second, history), by slot.
     lanes: Vec<lanes::Lane>,
+    /// Each Web Push origin's lane, paced at dispatch.
+    origins: origins::OriginLanes,
     /// The second the lanes last judged.
     lanes_second: u64,
     /// Summed send_rate per provider (kept to reuse its buffer).
@@ -343,6 +347,7 @@ impl Scheduler {
             provider_in_flight: vec![0; providers.len()],
             provider_max_in_flight,
             lanes: providers.iter().map(lanes::Lane::new).collect(),
+            origins: Default::default(),
             lanes_second: 0,
             lane_demand: Vec::new(),
             providers,
@@ -516,6 +521,8 @@ mod answer_tests;
 mod driver_tests;
 #[cfg(test)]
 mod lifecycle_tests;
+#[cfg(test)]
+mod origin_tests;
 #[cfg(test)]
 mod outcome_tests;
 #[cfg(test)]

@@ -285,7 +285,7 @@ impl Scheduler {
                 Some((at, jslot)) if at <= now && self.job_provider(jslot) == Some(provider) => {
                     let c = self.campaigns[slot as usize].as_mut().expect("campaign");
                     let r = c.retries.pop().expect("peeked").0;
-                    self.dispatch(
+                    let sent = self.dispatch(
                         slot,
                         r.slot,
                         r.device,
@@ -293,7 +293,8 @@ impl Scheduler {
                         now,
                         unix_sec,
                     );
-                    left -= 1;
+                    // A device its origin's ceiling holds waits again, without the permit.
+                    left -= u32::from(sent);
                 }
                 _ => break,
             }
@@ -340,8 +341,9 @@ impl Scheduler {
                 // A policy outcome: finished without a send; the permit is kept.
                 continue;
             }
-            self.dispatch(slot, jslot, device, (0, 0), now, unix_sec);
-            left -= 1;
+            if self.dispatch(slot, jslot, device, (0, 0), now, unix_sec) {
+                left -= 1;
+            }
         }
     }
 
@@ -374,6 +376,8 @@ impl Scheduler {
         true
     }
 
+    /// Sends one device; `false` when it waits instead (its Web Push origin's ceiling or
+    /// its provider's pause), keeping the turn's permit for the next device.
     pub(super) fn dispatch(
         &mut self,
         cslot: u32,
@@ -382,30 +386,47 @@ impl Scheduler {
         (attempt, first_failed): (u32, Nanos),
         now: Nanos,
         unix_sec: u64,
-    ) {
+    ) -> bool {
         let provider = self.jobs[jslot as usize]
             .as_ref()
             .map_or(0, |j| j.job.provider_slot);
+        let reserved = attempt & origins::RESERVED != 0;
+        let attempt = attempt & !origins::RESERVED;
         if let Some(reason) = self.provider_halt(provider) {
             // Its provider refused its configuration: no send, the device waits.
             self.halt_campaign(cslot, &reason, now);
             self.hold_for_resume((jslot, device, attempt, first_failed), now);
-            return;
+            return true;
         }
-        if let Some(until) = self.lane_paused(provider, now) {
-            // Its provider asked for a pause after the turn looked at its lane (an
-            // answer handled inline). The device waits for it.
-            let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
-            c.retries.push(Reverse(RetryItem {
-                not_before: until,
-                slot: jslot,
-                device,
-                attempt,
-                first_failed,
-            }));
-            return;
-        }
-        self.lane_sent(provider);
+        let gate = match self.origin_gate(jslot, device, reserved, now) {
+            Ok(origin) => self
+                .lane_paused(provider, now)
+                .map_or(Ok(origin), |u| Err((u, false))),
+            Err(wait) => Err(wait),
+        };
+        let origin = match gate {
+            Ok(origin) => origin,
+            Err((not_before, reserved)) => {
+                // Its origin is at its ceiling (or paused), or its provider asked for a
+                // pause after the turn looked: the device waits, holding its slot when
+                // it has one.
+                let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
+                let attempt = if reserved {
+                    attempt | origins::RESERVED
+                } else {
+                    attempt
+                };
+                c.retries.push(Reverse(RetryItem {
+                    not_before,
+                    slot: jslot,
+                    device,
+                    attempt,
+                    first_failed,
+                }));
+                return false;
+            }
+        };
+        self.lane_sent(provider, origin, now);
         let job = self.jobs[jslot as usize].as_mut().expect("dispatched job");
         job.in_flight += 1;
         if let Some(n) = self.provider_in_flight.get_mut(usize::from(provider)) {
@@ -445,5 +466,6 @@ impl Scheduler {
                 });
             }
         }
+        true
     }
 }
