@@ -92,6 +92,14 @@ ensure_tansu_installed() {
   rm -rf "$TOOLS/tansu-build"
 }
 
+# Third-party peers the tests drive: confluent-kafka (SCRAM users; producers with each
+# codec), hypercorn (an HTTP/2 server), http_ece (Web Push decryption).
+ensure_python_peers() {
+  if python3 -c 'import confluent_kafka, hypercorn, http_ece' 2>/dev/null; then return; fi
+  log "installing the Python test peers with pip"
+  python3 -m pip install -q confluent-kafka hypercorn http_ece >/dev/null
+}
+
 # The dashboard's browser test drives Debian's headless Chromium.
 ensure_chromium() {
   if [ -x /usr/bin/chromium ]; then return; fi
@@ -154,11 +162,14 @@ case "${1:-start}" in
     ensure_tansu_db
     ensure_tansu_installed
     ensure_broker
+    # Kafka over SASL_SSL and mutual TLS for the connectivity tests (tests/it/kafka_secure.rs).
+    ensure_python_peers
+    "$ROOT/scripts/kafka-secure.sh" start
     ensure_chromium
     echo "PUSHPACE_TANSU_BIN=$TANSU_BIN"
     ;;
   postgres) ensure_postgres ;;
-  stop) stop_all ;;
+  stop) stop_all; "$ROOT/scripts/kafka-secure.sh" stop ;;
   restart-broker) stop_all; ensure_broker ;;
   *) echo "usage: $0 [start|postgres|stop|restart-broker]" >&2; exit 2 ;;
 esac

@@ -196,6 +196,11 @@ pub fn ping(
     match consumer.fetch_metadata(None, timeout) {
         Ok(md) => Ok(md.brokers().len()),
         Err(e) => {
+            // librdkafka hands its error events (authentication, TLS) to the context only
+            // when the client is polled; a metadata call does not poll.
+            for _ in 0..64 {
+                let _ = consumer.poll(Duration::ZERO);
+            }
             let cause = consumer.context().take().unwrap_or_else(|| e.to_string());
             Err(BrokerError::Connect {
                 brokers: bootstrap.to_string(),
@@ -232,8 +237,27 @@ impl LastError {
 }
 
 impl rdkafka::ClientContext for LastError {
+    /// A connection's own failure (from `log`) says more than "all brokers down".
     fn error(&self, error: KafkaError, reason: &str) {
-        *self.0.lock() = Some(format!("{error}: {reason}"));
+        self.0
+            .lock()
+            .get_or_insert_with(|| format!("{error}: {reason}"));
+    }
+
+    /// librdkafka's connection failures (`FAIL`: TLS handshake, SASL) come as logs from
+    /// its own threads, at once; the error events only when the client is polled.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        let serious = matches!(
+            level,
+            L::Emerg | L::Alert | L::Critical | L::Error | L::Warning
+        );
+        if serious && fac == "FAIL" {
+            // "sasl_ssl://host:port/bootstrap: <cause> (after N ms in state X)"
+            let cause = message.split_once(": ").map_or(message, |(_, c)| c);
+            *self.0.lock() = Some(cause.to_string());
+        }
+        tracing::debug!(facility = fac, "librdkafka: {message}");
     }
 }
 

@@ -8,7 +8,9 @@
 //! jobs (or steer its sink) first and then call [`TestWorker::start`].
 
 use crate::api::{spawn_app_on, TestApp, TOKEN};
-use crate::helpers::{brokers, fresh_database, fresh_topic, test_settings, unique_name};
+use crate::helpers::{
+    brokers, fresh_database, fresh_topic, fresh_topic_on, test_settings, unique_name,
+};
 use pushpace::config::Settings;
 use pushpace::job::Job;
 use pushpace::limiter::Rate;
@@ -46,9 +48,23 @@ pub struct TestWorkerOptions {
     target: Target,
     adaptive: Option<CeilingParams>,
     api: bool,
+    /// Connection keys of another broker than the shared plaintext one.
+    broker: Option<Vec<(String, String)>>,
 }
 
 impl TestWorkerOptions {
+    /// The topic and the worker on another broker: `keys` are `kafka.*` settings
+    /// (brokers, security_protocol, SASL, TLS files), applied like [`Self::settings`].
+    pub fn broker(mut self, keys: &[(&str, String)]) -> Self {
+        let keys: Vec<(String, String)> = keys
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        self.overrides.extend(keys.iter().cloned());
+        self.broker = Some(keys);
+        self
+    }
+
     /// Partitions of the fresh topic.
     pub fn partitions(mut self, partitions: i32) -> Self {
         self.partitions = partitions;
@@ -107,7 +123,13 @@ impl TestWorkerOptions {
             Some(db) => db,
             None => fresh_database().await,
         };
-        let topic = fresh_topic(self.partitions).await;
+        let topic = match &self.broker {
+            None => fresh_topic(self.partitions).await,
+            Some(keys) => {
+                let kafka = test_settings(&borrowed(keys)).kafka;
+                fresh_topic_on(&kafka, self.partitions).await
+            }
+        };
         let group = unique_name("g");
         let (sink, providers, null) = match self.target {
             Target::OwnSink(config) => {
@@ -224,6 +246,7 @@ impl TestWorker {
             target: Target::OwnSink(SinkConfig::default()),
             adaptive: None,
             api: false,
+            broker: None,
         }
     }
 
@@ -245,7 +268,7 @@ impl TestWorker {
         Worker::start(
             &self.settings,
             self.pool.clone(),
-            brokers(),
+            self.settings.kafka.brokers.clone(),
             self.build_providers(),
         )
         .await

@@ -231,7 +231,7 @@ pub async fn pacing_lock() -> tokio::sync::MutexGuard<'static, ()> {
 /// Settings for a worker under test: the repo's config with the given overrides.
 /// The test broker's connection keys (plaintext on loopback), for the broker helpers.
 pub fn kafka() -> pushpace::config::KafkaSettings {
-    test_settings(&[]).kafka
+    test_settings(&[("kafka.brokers", brokers())]).kafka
 }
 
 pub fn test_settings(overrides: &[(&str, String)]) -> pushpace::config::Settings {
@@ -245,8 +245,13 @@ pub fn test_settings(overrides: &[(&str, String)]) -> pushpace::config::Settings
 
 /// A topic of the test's own on the shared broker.
 pub async fn fresh_topic(partitions: i32) -> String {
+    fresh_topic_on(&kafka(), partitions).await
+}
+
+/// A topic of the test's own on the broker `kafka` connects to.
+pub async fn fresh_topic_on(kafka: &pushpace::config::KafkaSettings, partitions: i32) -> String {
     let topic = unique_name("jobs");
-    pushpace::broker::ensure_topic(&crate::helpers::kafka(), &brokers(), &topic, partitions)
+    pushpace::broker::ensure_topic(kafka, &kafka.brokers, &topic, partitions)
         .await
         .expect("create topic");
     topic
