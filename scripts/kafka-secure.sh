@@ -72,7 +72,7 @@ ensure_db() {
 start_tansu() {
   local name=$1 port=$2 tls_port=$3 db=$4; shift 4
   local pidf="$RUN_DIR/tansu-$name.pid"
-  if [ -f "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null && answers "$port"; then return; fi
+  if answers "$port"; then return; fi
   nohup "$TANSU_BIN" broker \
     --listener-url "tcp://127.0.0.1:$port" \
     --advertised-listener-url "tcp://localhost:$tls_port" \
@@ -96,9 +96,8 @@ stop_pid() {
 
 ensure_stunnel_running() {
   local pidf="$RUN_DIR/stunnel.pid"
-  if [ -f "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null && answers 9093 && answers 9094; then
-    return
-  fi
+  # Already up (this script's, or one another checkout started): use it.
+  if answers 9093 && answers 9094; then return; fi
   cat >"$RUN_DIR/stunnel.conf" <<EOF
 foreground = no
 pid = $pidf

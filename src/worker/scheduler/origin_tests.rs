@@ -79,7 +79,7 @@ fn job(offset: i64) -> IncomingJob {
     let tokens = (0..devices)
         .map(|d| subscription(if d % 2 == 0 { GOOD } else { BAD }, d))
         .collect();
-    let job = Job::new(&format!("j{offset}"), "c", tokens, payload).unwrap();
+    let job = Job::new(format!("j{offset}"), "c", tokens, payload).unwrap();
     let rate = Rate::per_second(RATE).unwrap();
     let settings = CampaignSettings::active("c", rate, Algorithm::Gcra);
     IncomingJob::fresh(job, 0, offset, settings)
