@@ -92,6 +92,14 @@ ensure_tansu_installed() {
   rm -rf "$TOOLS/tansu-build"
 }
 
+# librdkafka is built with TLS and SASL against the system's OpenSSL.
+ensure_build_deps() {
+  if pkg-config --exists openssl 2>/dev/null; then return; fi
+  log "installing libssl-dev with apt (librdkafka's TLS and SASL)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq libssl-dev pkg-config >/dev/null
+}
+
 # Third-party peers the tests drive: confluent-kafka (SCRAM users; producers with each
 # codec), hypercorn (an HTTP/2 server), http_ece (Web Push decryption).
 ensure_python_peers() {
@@ -157,6 +165,7 @@ stop_all() {
 
 case "${1:-start}" in
   start)
+    ensure_build_deps
     ensure_postgres
     ensure_redis
     ensure_tansu_db
@@ -168,7 +177,7 @@ case "${1:-start}" in
     ensure_chromium
     echo "PUSHPACE_TANSU_BIN=$TANSU_BIN"
     ;;
-  postgres) ensure_postgres ;;
+  postgres) ensure_build_deps; ensure_postgres ;;
   stop) stop_all; "$ROOT/scripts/kafka-secure.sh" stop ;;
   restart-broker) stop_all; ensure_broker ;;
   *) echo "usage: $0 [start|postgres|stop|restart-broker]" >&2; exit 2 ;;
