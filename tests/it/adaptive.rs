@@ -16,11 +16,12 @@ use pushpace::worker::scheduler::{CampaignLive, ProviderLive};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A turn that wakes late sends what its limiter allowed since, up to `quantum_min` of
-/// the rate at once (`worker.quantum_min_ms`, 10 ms in config/base.toml): the only way a
-/// 1 s window of releases holds more than the rate allows (module doc of
-/// `worker::scheduler`).
-const CATCH_UP: Duration = Duration::from_millis(10);
+/// A turn that wakes late sends what its limiter allowed since, up to `quantum_min` plus
+/// the wake slack of the rate at once (`worker.quantum_min_ms` 10 ms and
+/// `worker.wake_slack_ms` 4 ms in config/base.toml; the `budget` of
+/// `Scheduler::turn`): the only way a 1 s window of releases holds more than the rate
+/// allows (module doc of `worker::scheduler`).
+const CATCH_UP: Duration = Duration::from_millis(10 + 4);
 
 /// The bound: after a quota lifts, every campaign is back at its send_rate
 /// within 30 s.

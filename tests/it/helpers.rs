@@ -605,7 +605,7 @@ pub const ARRIVAL_SLACK_S: f64 = 0.1;
 /// - Counted on release (the `x-pushpace-sent-at` stamp), no window holds more than the
 ///   rate + 2% + 1: the limiter's promise (one send late, the next on time) within the
 ///   project's ±2%, which also holds the catch-up after a late wake-up (at most
-///   `quantum_min`, 1% of a second).
+///   `quantum_min` plus the wake slack, 1.4% of a second).
 /// - Counted on arrival, transit bunches requests: [`ARRIVAL_SLACK_S`] more, a looser
 ///   bound that still catches a worker that stamps on time but sends in bursts.
 pub fn assert_paced(
