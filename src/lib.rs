@@ -45,6 +45,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod prefetch;
 pub mod provider;
+pub mod redact;
 pub mod redis_link;
 pub mod sender;
 pub mod shutdown;

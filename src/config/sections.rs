@@ -297,49 +297,9 @@ impl std::fmt::Debug for DatabaseSettings {
     }
 }
 
-/// Query parameters whose value is a secret or names where one is kept (libpq's
-/// `password`, `sslpassword`, `passfile`, `sslkey`; common token names), compared
-/// without case.
-const SECRET_PARAMS: &[&str] = &[
-    "password",
-    "pass",
-    "pwd",
-    "sslpassword",
-    "passfile",
-    "sslkey",
-    "secret",
-    "token",
-    "access_token",
-    "auth",
-    "key",
-    "apikey",
-    "api_key",
-];
-
-/// Replaces the password of a URL, and the value of every query parameter that may hold
-/// a secret, with `***`, for logs, messages and `Debug`; unparsable input is hidden whole.
+/// The URL as it may be shown: [`crate::redact::url`].
 pub fn redact_url(raw: &str) -> String {
-    let Ok(mut u) = url::Url::parse(raw) else {
-        return "<unparsable url>".to_string();
-    };
-    if u.password().is_some() {
-        let _ = u.set_password(Some("***"));
-    }
-    if u.query().is_some() {
-        let pairs: Vec<(String, String)> = u
-            .query_pairs()
-            .map(|(k, v)| {
-                let secret = SECRET_PARAMS.iter().any(|s| k.eq_ignore_ascii_case(s));
-                let v = if secret { "***".into() } else { v.into_owned() };
-                (k.into_owned(), v)
-            })
-            .collect();
-        u.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    if u.fragment().is_some() {
-        u.set_fragment(Some("***"));
-    }
-    u.to_string()
+    crate::redact::url(raw)
 }
 
 #[derive(Debug, Clone, Deserialize)]

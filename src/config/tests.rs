@@ -134,7 +134,7 @@ fn invalid_values_name_the_key() {
 fn url_secrets_are_redacted() {
     assert_eq!(
         redact_url("https://u:p4ss@push.example:8443/v1?token=t0k&x=1#frag"),
-        "https://u:***@push.example:8443/v1?token=***&x=1#***"
+        "https://u:***@push.example:8443/v1?token=***&x=***#***"
     );
     assert_eq!(
         redact_url("postgres://app@db/x?sslmode=require&PASSWORD=a&sslpassword=b&passfile=%2Fp"),

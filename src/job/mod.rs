@@ -364,6 +364,16 @@ pub(crate) fn echo(s: &str) -> String {
     }
 }
 
+/// How a device token (or a Web Push subscription, whose endpoint is a capability URL)
+/// is named in a reason, which reaches WARN logs and dead letters: its length and a
+/// SHA-256 prefix, never its characters. The letter keeps the token itself.
+pub(crate) fn token_echo(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(token.as_bytes());
+    let prefix: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("a token of {} bytes (sha256 {prefix}…)", token.len())
+}
+
 fn clip(mut s: String) -> String {
     if s.chars().count() > MAX_REASON_CHARS {
         let cut = s

@@ -6,7 +6,7 @@
 //! dead-lettered `invalid_job` with a reason a person can act on, before any send.
 
 use super::ProviderKind;
-use super::{echo, json_type_name, Job, JobError, PushType, Subscription};
+use super::{echo, json_type_name, token_echo, Job, JobError, PushType, Subscription};
 
 /// APNs payload limit, in bytes of JSON.
 pub const APNS_MAX_PAYLOAD: usize = 4096;
@@ -84,7 +84,7 @@ fn apns(job: &Job) -> Result<(), JobError> {
                 format!("devices[{i}]"),
                 format!(
                     "an APNs device token is 64–200 hexadecimal characters, got {}",
-                    echo(token)
+                    token_echo(token)
                 ),
             ));
         }
@@ -204,7 +204,7 @@ pub fn check_subscription(device: &str) -> Result<(), String> {
     if Subscription::parse(device).is_none() {
         return Err(format!(
             "a Web Push provider needs a subscription object {{\"endpoint\", \"keys\": {{\"p256dh\", \"auth\"}}}}, got {}",
-            echo(device)
+            token_echo(device)
         ));
     }
     super::webpush_subscription::check(device)

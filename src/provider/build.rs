@@ -48,5 +48,6 @@ fn webhook(w: &WebhookSpec) -> Result<HttpSender, ProviderError> {
     c.http2_prior_knowledge = w.http2_prior_knowledge;
     c.http2_connections = w.http2_connections;
     c.http1_client = w.http1_client;
+    c.ca_pem = w.common.ca_pem.clone();
     Ok(HttpSender::new(&c)?)
 }

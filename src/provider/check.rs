@@ -61,22 +61,8 @@ fn describe(p: &NamedProvider) -> (String, String) {
             "(each subscription's endpoint)".into(),
             format!("VAPID subject {}", s.vapid_subject),
         ),
-        ProviderSpec::Webhook(s) => (redact(&s.url), String::new()),
+        ProviderSpec::Webhook(s) => (crate::redact::url(&s.url), String::new()),
         ProviderSpec::Null => ("-".into(), "sends nothing".into()),
-    }
-}
-
-/// A URL without user information, query or fragment.
-fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(u) => format!(
-            "{}://{}{}{}",
-            u.scheme(),
-            u.host_str().unwrap_or(""),
-            u.port().map(|p| format!(":{p}")).unwrap_or_default(),
-            u.path()
-        ),
-        Err(_) => "(unparseable)".into(),
     }
 }
 
@@ -93,12 +79,14 @@ pub async fn check(settings: &Settings, name: &str) -> Result<String, ProviderEr
         ProviderSpec::Apns(s) => super::apns::check(s).await,
         ProviderSpec::Fcm(s) => super::fcm::check(s).await,
         ProviderSpec::WebPush(s) => super::webpush::check(s).await,
-        ProviderSpec::Webhook(s) => webhook(&p.name, &s.url).await,
+        ProviderSpec::Webhook(s) => webhook(&p.name, &s.url, s.common.ca_pem.as_deref()).await,
         ProviderSpec::Null => Ok("the null provider sends nothing; nothing to check".into()),
     }
 }
 
-async fn webhook(name: &str, url: &str) -> Result<String, ProviderError> {
+/// TCP to the webhook's host, and for https a TLS handshake that trusts what the sender
+/// trusts (the webpki roots and `ca_file`): no request is sent to the customer's URL.
+async fn webhook(name: &str, url: &str, ca_pem: Option<&[u8]>) -> Result<String, ProviderError> {
     let fail = |problem: String| ProviderError::Config {
         provider: name.to_string(),
         problem,
@@ -111,17 +99,31 @@ async fn webhook(name: &str, url: &str) -> Result<String, ProviderError> {
         .port_or_known_default()
         .ok_or_else(|| fail("the url has no port".into()))?;
     let address = format!("{host}:{port}");
-    match tokio::time::timeout(
+    let shown = crate::redact::url(url);
+    let within = |what: &str| {
+        fail(format!(
+            "no {what} with {address} within {} s",
+            WEBHOOK_CONNECT_TIMEOUT.as_secs()
+        ))
+    };
+    let tcp = tokio::time::timeout(
         WEBHOOK_CONNECT_TIMEOUT,
         tokio::net::TcpStream::connect(&address),
     )
     .await
-    {
-        Ok(Ok(_)) => Ok(format!("TCP connection to {address} ok ({})", redact(url))),
-        Ok(Err(e)) => Err(fail(format!("cannot connect to {address}: {e}"))),
-        Err(_) => Err(fail(format!(
-            "no TCP connection to {address} within {} s",
-            WEBHOOK_CONNECT_TIMEOUT.as_secs()
-        ))),
+    .map_err(|_| within("TCP connection"))?
+    .map_err(|e| fail(format!("cannot connect to {address}: {e}")))?;
+    if u.scheme() != "https" {
+        return Ok(format!("TCP connection to {address} ok ({shown})"));
     }
+    let mut config = (*super::tls::client_config(ca_pem).map_err(fail)?).clone();
+    config.alpn_protocols = vec![super::tls::ALPN_H2.to_vec(), b"http/1.1".to_vec()];
+    let server = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| fail(format!("{host:?} is no server name: {e}")))?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    tokio::time::timeout(WEBHOOK_CONNECT_TIMEOUT, tls.connect(server, tcp))
+        .await
+        .map_err(|_| within("TLS handshake"))?
+        .map_err(|e| fail(format!("TLS with {address}: {e}")))?;
+    Ok(format!("TLS connection to {address} ok ({shown})"))
 }

@@ -39,6 +39,9 @@ pub struct HttpSenderConfig {
     pub http2_connections: usize,
     /// The client for HTTP/1.1 to an `http://` URL.
     pub http1_client: Http1Client,
+    /// Certificates (PEM) trusted besides the webpki roots, for an `https://` URL
+    /// (`ca_file`: a private CA); refused with an `http://` one, which has no TLS.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 /// Which client speaks HTTP/1.1 to a plain-text (`http://`) provider.
@@ -64,6 +67,7 @@ impl HttpSenderConfig {
             http2_prior_knowledge: false,
             http2_connections: super::h2c::DEFAULT_CONNECTIONS,
             http1_client: Http1Client::Hyper,
+            ca_pem: None,
         }
     }
 }
@@ -111,7 +115,7 @@ impl std::fmt::Debug for HttpSender {
 impl HttpSender {
     pub fn new(config: &HttpSenderConfig) -> Result<Self, SenderError> {
         let invalid = |reason: &str| SenderError::InvalidUrl {
-            url: redact_url(&config.url),
+            url: crate::redact::url(&config.url),
             reason: reason.to_string(),
         };
         let url = reqwest::Url::parse(&config.url).map_err(|e| invalid(&e.to_string()))?;
@@ -124,6 +128,11 @@ impl HttpSender {
         // Only reqwest sends a URL's user and password (as basic auth).
         let credentials = !url.username().is_empty() || url.password().is_some();
         let plain = url.scheme() == "http";
+        if plain && config.ca_pem.is_some() {
+            return Err(invalid(
+                "ca_file is for an https url; an http url has no TLS to trust it with",
+            ));
+        }
         if plain && config.http2_prior_knowledge && credentials {
             return Err(invalid(
                 "h2c does not send credentials from the url; remove them or use http/1.1",
@@ -169,6 +178,13 @@ impl HttpSender {
             .user_agent(USER_AGENT);
         if config.http2_prior_knowledge {
             builder = builder.http2_prior_knowledge();
+        }
+        if let Some(pem) = &config.ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| SenderError::Client(format!("ca_file: {e}")))?;
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
         }
         let client = builder
             .build()
@@ -348,17 +364,4 @@ fn error_chain(e: reqwest::Error) -> String {
         text.push('…');
     }
     text
-}
-
-/// The URL without user info, query or fragment, for error messages.
-fn redact_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(u) => format!(
-            "{}://{}{}",
-            u.scheme(),
-            u.host_str().unwrap_or(""),
-            u.port().map(|p| format!(":{p}")).unwrap_or_default()
-        ),
-        Err(_) => "(unparseable)".to_string(),
-    }
 }

@@ -38,5 +38,6 @@ mod store;
 mod totals;
 mod watcher;
 mod webhook_refusals;
+mod webhook_tls;
 mod webpush;
 mod webpush_origins;
