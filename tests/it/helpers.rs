@@ -92,6 +92,16 @@ pub async fn drop_database_named(admin: &PgPool, name: &str) -> Result<(), sqlx:
 }
 
 /// The `pushpace` binary that cargo built for these tests.
+/// Runs a command to its end: (success, stdout, stderr).
+pub fn run_output(cmd: &mut std::process::Command) -> (bool, String, String) {
+    let out = cmd.output().expect("run the command");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 pub fn pushpace_bin() -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pushpace"));
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
@@ -303,13 +313,39 @@ pub fn sigterm_and_wait(child: &mut std::process::Child) -> std::process::ExitSt
 }
 
 /// A loopback TCP proxy (in front of PostgreSQL, say) that can be taken down (existing
-/// connections cut, new ones closed at once) and brought back.
+/// connections cut, new ones closed at once) and brought back, or frozen: every byte
+/// held in both directions, sockets left open and new connections accepted but not
+/// answered, which is what a half-open connection (or a SIGSTOPped proxy) looks like.
 pub struct Proxy {
     pub port: u16,
     up: tokio::sync::watch::Sender<bool>,
+    frozen: tokio::sync::watch::Sender<bool>,
     /// Connections through the proxy not yet cut.
     live: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Copies `from` to `to` until either side closes, holding every byte while `frozen`.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if frozen.wait_for(|f| !*f).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Bytes read just as the freeze began are held too.
+        if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }
 
 impl Proxy {
@@ -317,12 +353,13 @@ impl Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (up, up_rx) = tokio::sync::watch::channel(true);
+        let (frozen, frozen_rx) = tokio::sync::watch::channel(false);
         let live = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = live.clone();
         let task = tokio::spawn(async move {
             use std::sync::atomic::Ordering::SeqCst;
             loop {
-                let Ok((mut client, _)) = listener.accept().await else {
+                let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
                 // Counted before `up` is read: a `take_down` either finds it counted or
@@ -334,14 +371,17 @@ impl Proxy {
                     continue; // dropped: the client sees the connection closed
                 }
                 let counted = counted.clone();
+                let frozen = frozen_rx.clone();
                 tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                    if let Ok(server) = tokio::net::TcpStream::connect(target).await {
+                        let (client_read, client_write) = client.into_split();
+                        let (server_read, server_write) = server.into_split();
                         tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                            _ = pump(client_read, server_write, frozen.clone()) => {}
+                            _ = pump(server_read, client_write, frozen) => {}
                             _ = up.wait_for(|up| !*up) => {}
                         }
                     }
-                    drop(client);
                     counted.fetch_sub(1, SeqCst);
                 });
             }
@@ -349,9 +389,15 @@ impl Proxy {
         Proxy {
             port,
             up,
+            frozen,
             live,
             task,
         }
+    }
+
+    /// Holds (`true`) or releases every byte through the proxy, connections kept open.
+    pub fn freeze(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
     }
 
     pub fn set_up(&self, up: bool) {

@@ -22,26 +22,21 @@ fn key() -> (String, String) {
 fn providers(dir: &Path, endpoint: &str, ca: &str, args: &[&str]) -> (bool, String) {
     let ca_file = dir.join("ca.pem");
     std::fs::write(&ca_file, ca).unwrap();
-    let out = pushpace_bin()
-        .arg("providers")
-        .args(args)
-        .env("PUSHPACE__PROVIDERS__IOS__KIND", "apns")
-        .env("PUSHPACE__PROVIDERS__IOS__TEAM_ID", TEAM)
-        .env("PUSHPACE__PROVIDERS__IOS__KEY_ID", KEY_ID)
-        .env("PUSHPACE__PROVIDERS__IOS__KEY_FILE", dir.join("key.p8"))
-        .env("PUSHPACE__PROVIDERS__IOS__TOPIC", TOPIC)
-        .env("PUSHPACE__PROVIDERS__IOS__ENVIRONMENT", "sandbox")
-        .env("PUSHPACE__PROVIDERS__IOS__ENDPOINT", endpoint)
-        .env("PUSHPACE__PROVIDERS__IOS__CA_FILE", &ca_file)
-        .env("PUSHPACE__PROVIDERS__IOS__MAX_RATE", "500")
-        .output()
-        .expect("run pushpace providers");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (ok, out, err) = crate::helpers::run_output(
+        pushpace_bin()
+            .arg("providers")
+            .args(args)
+            .env("PUSHPACE__PROVIDERS__IOS__KIND", "apns")
+            .env("PUSHPACE__PROVIDERS__IOS__TEAM_ID", TEAM)
+            .env("PUSHPACE__PROVIDERS__IOS__KEY_ID", KEY_ID)
+            .env("PUSHPACE__PROVIDERS__IOS__KEY_FILE", dir.join("key.p8"))
+            .env("PUSHPACE__PROVIDERS__IOS__TOPIC", TOPIC)
+            .env("PUSHPACE__PROVIDERS__IOS__ENVIRONMENT", "sandbox")
+            .env("PUSHPACE__PROVIDERS__IOS__ENDPOINT", endpoint)
+            .env("PUSHPACE__PROVIDERS__IOS__CA_FILE", &ca_file)
+            .env("PUSHPACE__PROVIDERS__IOS__MAX_RATE", "500"),
     );
-    (out.status.success(), text)
+    (ok, out + &err)
 }
 
 // Multi-threaded: the process is awaited on one thread while the mock answers on another.

@@ -71,13 +71,8 @@ fn providers(dir: &Path, url: &str, ca: Option<&str>, args: &[&str]) -> (bool, S
         std::fs::write(&file, ca).unwrap();
         cmd.env("PUSHPACE__PROVIDERS__HOOK__CA_FILE", &file);
     }
-    let out = cmd.output().expect("run pushpace providers check");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let (ok, out, err) = crate::helpers::run_output(&mut cmd);
+    (ok, out + &err)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -241,12 +241,7 @@ pub async fn cli(args: Vec<String>, env: Vec<(&'static str, String)>) -> (bool, 
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let out = cmd.output().expect("run pushpace");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        crate::helpers::run_output(&mut cmd)
     })
     .await
     .unwrap()
