@@ -315,6 +315,10 @@ pub struct WorkerSettings {
     /// start, so that each second counts one 1-s window of permits (0: none held).
     pub second_edge_ms: u64,
     pub stats_flush_ms: u64,
+    /// Counts and progress unwritten this long raise the stats backpressure.
+    pub stats_max_unwritten_ms: u64,
+    /// One database write of the flusher or the outcomes writer, connection included.
+    pub write_timeout_ms: u64,
     pub drain_timeout_ms: u64,
     pub max_buffered_jobs: usize,
     pub max_buffered_devices: usize,

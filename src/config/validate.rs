@@ -156,6 +156,17 @@ impl WorkerSettings {
         if !(10..=60_000).contains(&w.stats_flush_ms) {
             return Err(invalid("worker.stats_flush_ms", "must be 10–60000"));
         }
+        if !(1000..=600_000).contains(&w.stats_max_unwritten_ms)
+            || w.stats_max_unwritten_ms <= w.stats_flush_ms
+        {
+            return Err(invalid(
+                "worker.stats_max_unwritten_ms",
+                "must be 1000–600000 and above worker.stats_flush_ms",
+            ));
+        }
+        if !(100..=600_000).contains(&w.write_timeout_ms) {
+            return Err(invalid("worker.write_timeout_ms", "must be 100–600000"));
+        }
         // A revocation waits this long for the revoked partitions' sends; 0 would give
         // every rebalance up at once (see [`Settings::validate_drain`]).
         if w.drain_timeout_ms == 0 {

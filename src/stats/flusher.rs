@@ -12,8 +12,17 @@
 //!
 //! When the database is unreachable the rows stay in memory (the ring keeps being
 //! drained, so nothing is lost) and the write is retried with exponential backoff. The
-//! outage is logged once (warn), and its end once (info). Past `max_pending_rows` the
-//! recorder's backpressure flag is raised so that the scheduler pauses sending.
+//! outage is logged once (warn), and its end once (info). Past `max_pending_rows`, or
+//! once the oldest unwritten row has waited `max_unwritten`, the recorder's backpressure
+//! flag is raised so that the scheduler pauses sending.
+//!
+//! The backpressure decision never waits for a write: the write runs without the state
+//! lock (the batch is taken out under it), and the flusher's timer keeps draining and
+//! judging while a write hangs (a half-open connection answers nothing, for as long as
+//! the kernel's retransmissions last). Each write is bounded by `write_timeout`, from
+//! asking the pool for a connection to the answer; past it the connection is detached
+//! from the pool and dropped (never handed to another query) and the same batch is tried
+//! again on a new one.
 //!
 //! Exactness after recovery: a failed statement is rolled back, so writing the same
 //! rows again is correct. The one doubtful case is a connection lost while the statement
@@ -22,20 +31,20 @@
 //! forward to it; a batch that cannot move it (a retry of a committed batch, or a late
 //! copy of an older one) skips the counts (progress only moves forward, so it is
 //! written again harmlessly). A batch's rows are frozen once tried, and rows drained
-//! during an outage wait in the next batch.
+//! during an outage wait in the next batch. That is what makes the timeout safe: a write
+//! abandoned after it was sent may still commit (even after the retry did), and adds
+//! nothing twice.
 
-use super::counters::{StatsRecorder, OUTCOMES};
-use super::progress::{JobCell, Snapshot};
+use super::batch::{Batch, Pending};
+use super::counters::StatsRecorder;
 use super::StatsError;
-use crate::store::flush::{self, FlushRows};
 use crate::store::StoreError;
-use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Mutex;
+// parking_lot: never held across an await; the write runs without it.
+use parking_lot::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -47,6 +56,11 @@ pub struct FlusherConfig {
     pub interval: Duration,
     /// Unwritten rows (campaign-seconds plus jobs) past which backpressure is raised.
     pub max_pending_rows: usize,
+    /// Unwritten rows this old raise backpressure too (`worker.stats_max_unwritten_ms`):
+    /// it bounds what sending does while no write commits.
+    pub max_unwritten: Duration,
+    /// One write attempt, waiting for a connection included (`worker.write_timeout_ms`).
+    pub write_timeout: Duration,
     /// First wait after a failed write; doubles up to `retry_max`.
     pub retry_min: Duration,
     pub retry_max: Duration,
@@ -59,6 +73,8 @@ impl Default for FlusherConfig {
         Self {
             interval: Duration::from_secs(1),
             max_pending_rows: 100_000,
+            max_unwritten: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
             retry_min: Duration::from_millis(250),
             retry_max: Duration::from_secs(10),
             final_flush_timeout: Duration::from_secs(5),
@@ -101,52 +117,31 @@ struct Inner {
     /// Unique per flusher, for the batch markers.
     id: String,
     state: Mutex<State>,
+    /// One writer at a time (the timer's or [`Flusher::flush_now`]); the state lock is
+    /// not held while it writes.
+    writer: tokio::sync::Mutex<()>,
     statements: AtomicU64,
     batches: AtomicU64,
     failed_writes: AtomicU64,
     pending_rows: AtomicUsize,
 }
 
-/// Rows drained but not yet in a batch.
-#[derive(Default)]
-struct Pending {
-    seconds: HashMap<(Arc<str>, u64), [u64; OUTCOMES]>,
-    /// By cell address: one entry per tracked job, holding its latest finished set.
-    progress: HashMap<usize, (Arc<JobCell>, Snapshot)>,
-}
-
-impl Pending {
-    fn rows(&self) -> usize {
-        self.seconds.len() + self.progress.len()
-    }
-}
-
-/// Rows frozen for one transaction, sorted.
-struct Batch {
-    seq: u64,
-    seconds: Vec<(Arc<str>, DateTime<Utc>, [i64; OUTCOMES])>,
-    progress: Vec<(Arc<JobCell>, Snapshot)>,
-}
-
-impl Batch {
-    fn rows(&self) -> usize {
-        self.seconds.len() + self.progress.len()
-    }
-}
-
 struct State {
     pending: Pending,
-    inflight: Option<Batch>,
+    inflight: Option<Arc<Batch>>,
     next_seq: u64,
     /// Consecutive failed writes.
     failures: u32,
     retry_at: Option<Instant>,
     backoff: Duration,
+    last_drain: Instant,
+    /// Everything recorded before this is committed.
+    durable_through: Instant,
 }
 
 impl State {
     fn rows(&self) -> usize {
-        self.pending.rows() + self.inflight.as_ref().map_or(0, Batch::rows)
+        self.pending.rows() + self.inflight.as_ref().map_or(0, |b| b.rows())
     }
 }
 
@@ -165,7 +160,10 @@ impl Flusher {
                     failures: 0,
                     retry_at: None,
                     backoff,
+                    last_drain: Instant::now(),
+                    durable_through: Instant::now(),
                 }),
+                writer: tokio::sync::Mutex::new(()),
                 config,
                 statements: AtomicU64::new(0),
                 batches: AtomicU64::new(0),
@@ -180,18 +178,40 @@ impl Flusher {
     pub async fn run(&self, stop: CancellationToken) -> Result<(), StatsError> {
         let mut tick = tokio::time::interval(self.inner.config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The write in progress. It is never cancelled (that would only leave its outcome
+        // in doubt): it ends by itself, within `write_timeout`.
+        let mut write: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+            None;
         loop {
-            // The flush runs outside the select: cancelling it mid-transaction would
-            // only leave the outcome in doubt.
-            let stop = tokio::select! {
+            let wake = tokio::select! {
                 biased;
-                _ = stop.cancelled() => true,
-                _ = tick.tick() => false,
+                _ = stop.cancelled() => Wake::Stop,
+                _ = async {
+                    match write.as_mut() {
+                        Some(w) => w.await,
+                        None => std::future::pending().await,
+                    }
+                } => Wake::Written,
+                _ = tick.tick() => Wake::Tick,
             };
-            if stop {
-                break;
+            match wake {
+                Wake::Stop => break,
+                Wake::Written => write = None,
+                Wake::Tick => {
+                    // Drain and judge the backlog even while a write hangs, so that the
+                    // ring never falls a lap behind and backpressure rises in time.
+                    if self.drain_and_judge() && write.is_none() {
+                        let this = self.clone();
+                        write = Some(Box::pin(async move {
+                            // Failures are logged (once per outage) and kept for the next try.
+                            let _ = this.write_all().await;
+                        }));
+                    }
+                }
             }
-            self.scheduled_flush().await;
+        }
+        if let Some(w) = write {
+            w.await;
         }
         self.final_flush().await
     }
@@ -208,9 +228,10 @@ impl Flusher {
     /// Drains everything now and writes it, ignoring the retry backoff (for shutdown and
     /// partition revocation). On failure the rows stay pending.
     pub async fn flush_now(&self) -> Result<FlushReport, StatsError> {
-        let mut state = self.inner.state.lock().await;
-        self.drain(&mut state);
-        self.write_all(&mut state).await
+        // Waits for a write in progress (at most `write_timeout`), then drains after it.
+        let _writer = self.inner.writer.lock().await;
+        self.drain(&mut self.inner.state.lock());
+        self.write_locked().await
     }
 
     /// Data statements executed so far (attempts included).
@@ -238,15 +259,12 @@ impl Flusher {
         &self.inner.recorder
     }
 
-    async fn scheduled_flush(&self) {
-        let mut state = self.inner.state.lock().await;
-        // Drain even while backing off, so the ring never falls a lap behind.
+    /// Drains, updates backpressure, and says whether a write is due (rows are waiting
+    /// and no retry backoff holds them).
+    fn drain_and_judge(&self) -> bool {
+        let mut state = self.inner.state.lock();
         self.drain(&mut state);
-        if state.retry_at.is_some_and(|at| Instant::now() < at) {
-            return;
-        }
-        // Failures are logged (once per outage) and kept for the next attempt.
-        let _ = self.write_all(&mut state).await;
+        state.rows() > 0 && state.retry_at.is_none_or(|at| Instant::now() >= at)
     }
 
     async fn final_flush(&self) -> Result<(), StatsError> {
@@ -296,85 +314,88 @@ impl Flusher {
                     .or_default();
                 counts[outcome] = counts[outcome].saturating_add(n);
             });
+        let now = Instant::now();
+        state.last_drain = now;
+        if state.rows() == 0 {
+            state.durable_through = now;
+        }
         self.update_backpressure(state);
     }
 
+    /// Raises the flag past either bound (rows, or age of the oldest unwritten row) and
+    /// lowers it once both are back under half.
     fn update_backpressure(&self, state: &State) {
         let rows = state.rows();
         self.inner.pending_rows.store(rows, Ordering::Relaxed);
+        let age = if rows == 0 {
+            Duration::ZERO
+        } else {
+            Instant::now().saturating_duration_since(state.durable_through)
+        };
         let max = self.inner.config.max_pending_rows;
+        let max_age = self.inner.config.max_unwritten;
         let flag = &self.inner.recorder.inner.backpressure;
-        if rows > max {
+        if rows > max || age > max_age {
             if !flag.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     rows,
                     max,
+                    unwritten_ms = age.as_millis() as u64,
+                    max_unwritten_ms = max_age.as_millis() as u64,
                     "stats backlog over its bound; pausing sends until it is written"
                 );
             }
-        } else if rows <= max / 2 && flag.swap(false, Ordering::Relaxed) {
+        } else if rows <= max / 2 && age <= max_age / 2 && flag.swap(false, Ordering::Relaxed) {
             tracing::info!(rows, "stats backlog written; sending again");
         }
     }
 
-    /// Freezes the pending rows into a new batch.
-    fn seal(&self, state: &mut State) -> Batch {
-        let pending = std::mem::take(&mut state.pending);
-        let mut seconds: Vec<_> = pending
-            .seconds
-            .into_iter()
-            .filter_map(|((campaign, second), counts)| {
-                let at = i64::try_from(second)
-                    .ok()
-                    .and_then(|s| DateTime::from_timestamp(s, 0));
-                match at {
-                    Some(at) => Some((campaign, at, counts.map(|c| i64::try_from(c).unwrap_or(i64::MAX)))),
-                    None => {
-                        // Only a nonsense clock gets here; PostgreSQL cannot hold it anyway.
-                        tracing::error!(campaign = %campaign, second, ?counts, "dropping counts for an unrepresentable second");
-                        None
-                    }
-                }
-            })
-            .collect();
-        seconds.sort_unstable_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-        let mut progress: Vec<_> = pending.progress.into_values().collect();
-        progress.sort_unstable_by(|a, b| {
-            (&a.0.campaign_id, &a.0.job_id).cmp(&(&b.0.campaign_id, &b.0.job_id))
-        });
-        let seq = state.next_seq;
-        state.next_seq += 1;
-        Batch {
-            seq,
-            seconds,
-            progress,
-        }
+    /// Writes every pending row (the timer's flush).
+    async fn write_all(&self) -> Result<FlushReport, StatsError> {
+        let _writer = self.inner.writer.lock().await;
+        self.write_locked().await
     }
 
-    async fn write_all(&self, state: &mut State) -> Result<FlushReport, StatsError> {
+    /// Writes batches until nothing is pending; the caller holds the writer lock. The
+    /// state lock is taken only between writes.
+    async fn write_locked(&self) -> Result<FlushReport, StatsError> {
         let mut report = FlushReport::default();
         loop {
-            if state.inflight.is_none() {
-                if state.pending.rows() == 0 {
-                    break;
+            let batch = {
+                let mut state = self.inner.state.lock();
+                if state.inflight.is_none() {
+                    if state.pending.rows() == 0 {
+                        break;
+                    }
+                    let pending = std::mem::take(&mut state.pending);
+                    let batch = Arc::new(Batch::seal(pending, state.next_seq, state.last_drain));
+                    state.next_seq += 1;
+                    state.inflight = Some(batch);
                 }
-                let batch = self.seal(state);
-                state.inflight = Some(batch);
-            }
-            let Some(batch) = state.inflight.as_ref() else {
-                break;
+                match &state.inflight {
+                    Some(batch) => batch.clone(),
+                    None => break,
+                }
             };
             let started = std::time::Instant::now();
-            let result = self.write_batch(batch, &mut report).await;
+            self.count_statement(&mut report);
+            let result = batch
+                .write(
+                    &self.inner.pool,
+                    &self.inner.id,
+                    self.inner.config.write_timeout,
+                )
+                .await;
             metrics::histogram!("stats_flush_seconds").record(started.elapsed().as_secs_f64());
+            let mut state = self.inner.state.lock();
             match result {
                 Ok(()) => {
-                    if let Some(batch) = state.inflight.take() {
-                        report.seconds_rows += batch.seconds.len();
-                        report.progress_rows += batch.progress.len();
-                        report.batches += 1;
-                        self.committed(batch);
-                    }
+                    state.inflight = None;
+                    state.durable_through = state.durable_through.max(batch.drained_at);
+                    report.seconds_rows += batch.seconds.len();
+                    report.progress_rows += batch.progress.len();
+                    report.batches += 1;
+                    self.committed(batch);
                     if state.failures > 0 {
                         tracing::info!(
                             failed_attempts = state.failures,
@@ -385,32 +406,35 @@ impl Flusher {
                     state.retry_at = None;
                     state.backoff = self.inner.config.retry_min;
                 }
-                Err(e) => {
-                    self.inner.failed_writes.fetch_add(1, Ordering::Relaxed);
-                    let rows = state.rows();
-                    if state.failures == 0 {
-                        tracing::warn!(
-                            error = %e,
-                            rows,
-                            "stats flush failed; keeping counts in memory and retrying with backoff"
-                        );
-                    } else {
-                        tracing::debug!(error = %e, rows, attempt = state.failures + 1, "stats flush failed again");
-                    }
-                    state.failures = state.failures.saturating_add(1);
-                    state.retry_at = Some(Instant::now() + state.backoff);
-                    state.backoff = (state.backoff * 2).min(self.inner.config.retry_max);
-                    self.update_backpressure(state);
-                    return Err(StatsError::Flush { rows, source: e });
-                }
+                Err(e) => return Err(self.failed(&mut state, e)),
             }
         }
-        self.update_backpressure(state);
+        self.update_backpressure(&self.inner.state.lock());
         Ok(report)
     }
 
+    /// After a failed write: backoff, one warning per outage, and backpressure.
+    fn failed(&self, state: &mut State, e: StoreError) -> StatsError {
+        self.inner.failed_writes.fetch_add(1, Ordering::Relaxed);
+        let rows = state.rows();
+        if state.failures == 0 {
+            tracing::warn!(
+                error = %e,
+                rows,
+                "stats flush failed; keeping counts in memory and retrying with backoff"
+            );
+        } else {
+            tracing::debug!(error = %e, rows, attempt = state.failures + 1, "stats flush failed again");
+        }
+        state.failures = state.failures.saturating_add(1);
+        state.retry_at = Some(Instant::now() + state.backoff);
+        state.backoff = (state.backoff * 2).min(self.inner.config.retry_max);
+        self.update_backpressure(state);
+        StatsError::Flush { rows, source: e }
+    }
+
     /// After a commit: jobs learn their durable progress, finished ones are forgotten.
-    fn committed(&self, batch: Batch) {
+    fn committed(&self, batch: Arc<Batch>) {
         self.inner.batches.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("stats_flushes_total").increment(1);
         if batch.progress.is_empty() {
@@ -428,56 +452,6 @@ impl Flusher {
             .retain(|cell| !cell.finished());
     }
 
-    async fn write_batch(&self, batch: &Batch, report: &mut FlushReport) -> Result<(), StoreError> {
-        let campaigns: Vec<&str> = batch.seconds.iter().map(|r| &*r.0).collect();
-        let seconds: Vec<DateTime<Utc>> = batch.seconds.iter().map(|r| r.1).collect();
-        let column = |i: usize| -> Vec<i64> { batch.seconds.iter().map(|r| r.2[i]).collect() };
-        let n = batch.progress.len();
-        let mut jobs: Vec<&str> = Vec::with_capacity(n);
-        let mut job_campaigns: Vec<&str> = Vec::with_capacity(n);
-        let mut partitions: Vec<i32> = Vec::with_capacity(n);
-        let mut offsets: Vec<i64> = Vec::with_capacity(n);
-        let mut totals: Vec<i32> = Vec::with_capacity(n);
-        let mut sets: Vec<Snapshot> = Vec::with_capacity(n);
-        for (cell, snapshot) in &batch.progress {
-            // The same job tracked twice (re-consumed): one row, the union of both,
-            // since ON CONFLICT cannot touch a row twice in one statement.
-            if jobs.last() == Some(&&*cell.job_id)
-                && job_campaigns.last() == Some(&&*cell.campaign_id)
-            {
-                if let Some(last) = sets.last_mut() {
-                    last.union(snapshot);
-                }
-                continue;
-            }
-            jobs.push(&cell.job_id);
-            job_campaigns.push(&cell.campaign_id);
-            partitions.push(cell.partition);
-            offsets.push(cell.offset);
-            totals.push(clamp_i32(cell.total));
-            sets.push(snapshot.clone());
-        }
-        let done: Vec<i32> = sets.iter().map(|s| clamp_i32(s.done)).collect();
-        let after: Vec<Vec<u8>> = sets.iter().map(Snapshot::after_bytes).collect();
-        self.count_statement(report);
-        let rows = FlushRows {
-            flusher_id: &self.inner.id,
-            seq: i64::try_from(batch.seq).unwrap_or(i64::MAX),
-            campaigns: &campaigns,
-            seconds: &seconds,
-            counts: std::array::from_fn(column),
-            jobs: &jobs,
-            job_campaigns: &job_campaigns,
-            partitions: &partitions,
-            offsets: &offsets,
-            totals: &totals,
-            done: &done,
-            after: &after,
-        };
-        flush::write(&self.inner.pool, &rows).await?;
-        Ok(())
-    }
-
     fn count_statement(&self, report: &mut FlushReport) {
         self.inner.statements.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("stats_flush_statements_total").increment(1);
@@ -485,11 +459,11 @@ impl Flusher {
     }
 }
 
-// The statement takes one count column per outcome.
-const _: () = assert!(OUTCOMES == flush::COUNT_COLUMNS);
-
-fn clamp_i32(v: u32) -> i32 {
-    i32::try_from(v).unwrap_or(i32::MAX)
+/// What the timer woke the flusher for.
+enum Wake {
+    Stop,
+    Tick,
+    Written,
 }
 
 /// A flusher id unique across processes and restarts: pid, start time and a counter.

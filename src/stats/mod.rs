@@ -12,6 +12,7 @@
 //! - [`progress`]: [`JobKey`] and [`JobProgressHandle`].
 //! - [`flusher`]: [`Flusher`], its retry and backpressure.
 
+mod batch;
 pub mod counters;
 pub mod flusher;
 pub mod progress;

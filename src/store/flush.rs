@@ -4,7 +4,6 @@
 
 use super::StoreError;
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 
 /// The count columns of `delivery_seconds` the statement adds into.
 pub const COUNT_COLUMNS: usize = 9;
@@ -29,8 +28,11 @@ pub struct FlushRows<'a> {
     pub after: &'a [Vec<u8>],
 }
 
-/// Writes a batch in one statement (below).
-pub async fn write(pool: &PgPool, rows: &FlushRows<'_>) -> Result<(), StoreError> {
+/// Writes a batch in one statement (below), on a pool or on one connection.
+pub async fn write<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    rows: &FlushRows<'_>,
+) -> Result<(), StoreError> {
     let c = &rows.counts;
     sqlx::query(FLUSH)
         .bind(rows.flusher_id)
@@ -53,7 +55,7 @@ pub async fn write(pool: &PgPool, rows: &FlushRows<'_>) -> Result<(), StoreError
         .bind(&c[6])
         .bind(&c[7])
         .bind(&c[8])
-        .execute(pool)
+        .execute(executor)
         .await?;
     Ok(())
 }

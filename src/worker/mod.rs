@@ -279,6 +279,8 @@ async fn start_stats(
         pool.clone(),
         FlusherConfig {
             interval: Duration::from_millis(settings.worker.stats_flush_ms),
+            max_unwritten: Duration::from_millis(settings.worker.stats_max_unwritten_ms),
+            write_timeout: Duration::from_millis(settings.worker.write_timeout_ms),
             ..FlusherConfig::default()
         },
     );
@@ -386,6 +388,7 @@ async fn start_enrich_side(
     let (outcomes, writer) = outcomes::channel(
         outcomes::OutcomesConfig {
             capacity: settings.worker.outcome_queue,
+            write_timeout: Duration::from_millis(settings.worker.write_timeout_ms),
             ..Default::default()
         },
         pool.clone(),

@@ -10,7 +10,9 @@
 //! its dead letter: a letter is durable no later than the progress that skips it.
 //!
 //! Writes are retried while the failure can pass (connection lost, server shutting
-//! down, serialization failure); a data error is not retried: the letter is stored
+//! down, serialization failure, no answer within `write_timeout`: a half-open
+//! connection answers nothing, and every write here is idempotent, so an abandoned one
+//! that lands late changes nothing); a data error is not retried: the letter is stored
 //! again in its minimal form (reason and raw bytes), and only if that fails too is it
 //! logged and counted as lost (`dead_letter_write_failures_total`).
 
@@ -78,6 +80,8 @@ pub struct OutcomesConfig {
     pub capacity: usize,
     /// Letters written in one statement at most.
     pub batch: usize,
+    /// One write attempt, waiting for a connection included (`worker.write_timeout_ms`).
+    pub write_timeout: std::time::Duration,
 }
 
 impl Default for OutcomesConfig {
@@ -85,6 +89,7 @@ impl Default for OutcomesConfig {
         Self {
             capacity: 4096,
             batch: 256,
+            write_timeout: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -96,6 +101,7 @@ struct Shared {
     /// Every record numbered below this is written (or given up).
     durable: AtomicU64,
     writing_down: AtomicBool,
+    write_timeout: std::time::Duration,
 }
 
 /// The producers' handle; cheap to clone.
@@ -181,6 +187,7 @@ pub fn channel(
         next_seq: AtomicU64::new(0),
         durable: AtomicU64::new(0),
         writing_down: AtomicBool::new(false),
+        write_timeout: config.write_timeout,
     });
     (
         Outcomes {
@@ -445,6 +452,16 @@ impl Failure {
         }
     }
 
+    fn timed_out(limit: std::time::Duration) -> Self {
+        Self {
+            transient: true,
+            message: format!(
+                "no answer within {} ms (worker.write_timeout_ms)",
+                limit.as_millis()
+            ),
+        }
+    }
+
     fn from_hygiene(e: crate::hygiene::HygieneError) -> Self {
         let transient = match &e {
             crate::hygiene::HygieneError::Database(db) => crate::store::sqlx_is_transient(db),
@@ -458,12 +475,30 @@ impl Failure {
 }
 
 /// Runs `f` until it succeeds or fails for good; the stage's flag says when it waits.
-async fn retry<F, Fut>(what: &str, shared: &Shared, f: F) -> Result<(), Failure>
+/// An attempt past `write_timeout` counts as a lost connection: it is dropped (the pool
+/// tests a connection given back mid-query before reusing it, so a wedged one never
+/// serves another write) and tried again.
+async fn retry<F, Fut>(what: &str, shared: &Shared, mut f: F) -> Result<(), Failure>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), Failure>>,
 {
-    super::retry::until_settled(what, &shared.writing_down, |e: &Failure| e.transient, f).await
+    let limit = shared.write_timeout;
+    let attempt = || {
+        let write = f();
+        async move {
+            tokio::time::timeout(limit, write)
+                .await
+                .unwrap_or_else(|_| Err(Failure::timed_out(limit)))
+        }
+    };
+    super::retry::until_settled(
+        what,
+        &shared.writing_down,
+        |e: &Failure| e.transient,
+        attempt,
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -476,6 +511,7 @@ impl Outcomes {
             next_seq: AtomicU64::new(0),
             durable: AtomicU64::new(0),
             writing_down: AtomicBool::new(false),
+            write_timeout: OutcomesConfig::default().write_timeout,
         });
         (Outcomes { tx, shared }, rx)
     }

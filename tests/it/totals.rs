@@ -32,6 +32,7 @@ fn fast_config() -> FlusherConfig {
         retry_min: Duration::from_millis(20),
         retry_max: Duration::from_millis(200),
         final_flush_timeout: Duration::from_secs(10),
+        ..FlusherConfig::default()
     }
 }
 
