@@ -63,10 +63,6 @@ fn mutual_tls() -> Vec<(&'static str, String)> {
 
 /// Three campaigns' jobs produced over the secured connection, then the worker on it.
 async fn run_secured(keys: &[(&str, String)]) -> PlannedRun {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("pushpace=info,librdkafka=warn,rdkafka=warn")
-        .with_test_writer()
-        .try_init(); // DEBUG-REMOVE
     let run_id = unique_name("sec");
     let plan = ProducePlan::with_rates(
         &run_id,
@@ -232,4 +228,44 @@ async fn mutual_tls_without_a_client_certificate_is_refused() {
         .filter(|(k, _)| !k.starts_with("kafka.ssl_cert") && !k.starts_with("kafka.ssl_key"))
         .collect();
     refused(&keys, &["certificate required", "alert"]).await;
+}
+
+/// At run time the same refusals make `/readyz` fail, with librdkafka's cause (its broker
+/// check has its own client on the worker's `[kafka]` keys); the right keys pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_the_cause_when_the_broker_refuses() {
+    use crate::api::{spawn_app_on, TOKEN};
+    let mut untrusted = sasl_ssl("SCRAM-SHA-512", SCRAM_PASSWORD);
+    untrusted.push(("kafka.ssl_ca_file", file("other-ca.pem")));
+    let cases = [
+        (sasl_ssl("SCRAM-SHA-512", SCRAM_PASSWORD), None),
+        (
+            sasl_ssl("SCRAM-SHA-512", "not-the-password"),
+            Some("SASL authentication error"),
+        ),
+        (untrusted, Some("certificate verify failed")),
+        (mutual_tls(), None),
+    ];
+    for (keys, cause) in cases {
+        let (pool, url) = crate::helpers::fresh_database().await;
+        let bootstrap = keys
+            .iter()
+            .find(|(k, _)| *k == "kafka.brokers")
+            .unwrap()
+            .1
+            .clone();
+        let app = spawn_app_on(pool, url, TOKEN, None, Some(bootstrap), &keys).await;
+        let r = app.get("/readyz").await;
+        let broker = &r.body["checks"]["broker"];
+        let detail = broker["detail"].as_str().unwrap_or_default();
+        assert!(!r.text.contains(SCRAM_PASSWORD), "{}", r.text);
+        match cause {
+            None => assert_eq!(broker["ok"], true, "{}", r.text),
+            Some(cause) => {
+                assert_eq!(r.status, 503, "{}", r.text);
+                assert_eq!(broker["ok"], false, "{}", r.text);
+                assert!(detail.contains(cause), "expected {cause:?} in {detail}");
+            }
+        }
+    }
 }

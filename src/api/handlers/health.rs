@@ -169,7 +169,11 @@ impl ReadyCache {
         // librdkafka's metadata call blocks its thread.
         let ping =
             tokio::task::spawn_blocking(move || match client.fetch_metadata(None, timeout) {
-                Ok(md) => Ok(md.brokers().len()),
+                Ok(md) => {
+                    // An error of a connection that has since recovered is no cause.
+                    let _ = client.context().take();
+                    Ok(md.brokers().len())
+                }
                 Err(e) => {
                     // Error events (authentication, TLS) reach the context only when polled.
                     for _ in 0..64 {
@@ -212,8 +216,11 @@ impl ReadyContext {
 }
 
 impl rdkafka::ClientContext for ReadyContext {
+    /// A connection's own failure (from `log`) says more than "all brokers down".
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        *self.0.lock() = Some(format!("{error}: {reason}"));
+        self.0
+            .lock()
+            .get_or_insert_with(|| format!("{error}: {reason}"));
     }
 
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
