@@ -315,26 +315,39 @@ pub fn sigterm_and_wait(child: &mut std::process::Child) -> std::process::ExitSt
 /// A loopback TCP proxy (in front of PostgreSQL, say) that can be taken down (existing
 /// connections cut, new ones closed at once) and brought back, or frozen: every byte
 /// held in both directions, sockets left open and new connections accepted but not
-/// answered, which is what a half-open connection (or a SIGSTOPped proxy) looks like.
+/// answered, which is what a half-open connection (or a SIGSTOPped proxy) looks like;
+/// or only the connections open now frozen, new ones passing.
 pub struct Proxy {
     pub port: u16,
     up: tokio::sync::watch::Sender<bool>,
-    frozen: tokio::sync::watch::Sender<bool>,
+    frozen: tokio::sync::watch::Sender<Hold>,
+    /// Connections accepted so far (each one's number).
+    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Connections through the proxy not yet cut.
     live: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// Copies `from` to `to` until either side closes, holding every byte while `frozen`.
+/// Which connections a [`Proxy`] holds: all, or those numbered below `before`.
+#[derive(Clone, Copy, Default)]
+struct Hold {
+    all: bool,
+    before: u64,
+}
+
+/// Copies `from` to `to` until either side closes, holding every byte while connection
+/// `id` is frozen.
 async fn pump(
+    id: u64,
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut frozen: tokio::sync::watch::Receiver<bool>,
+    mut frozen: tokio::sync::watch::Receiver<Hold>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let free = |h: &Hold| !h.all && id >= h.before;
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if frozen.wait_for(|f| !*f).await.is_err() {
+        if frozen.wait_for(free).await.is_err() {
             return;
         }
         let n = match from.read(&mut buf).await {
@@ -342,7 +355,7 @@ async fn pump(
             Ok(n) => n,
         };
         // Bytes read just as the freeze began are held too.
-        if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+        if frozen.wait_for(free).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
             return;
         }
     }
@@ -353,7 +366,9 @@ impl Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (up, up_rx) = tokio::sync::watch::channel(true);
-        let (frozen, frozen_rx) = tokio::sync::watch::channel(false);
+        let (frozen, frozen_rx) = tokio::sync::watch::channel(Hold::default());
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let numbering = accepted.clone();
         let live = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = live.clone();
         let task = tokio::spawn(async move {
@@ -372,13 +387,14 @@ impl Proxy {
                 }
                 let counted = counted.clone();
                 let frozen = frozen_rx.clone();
+                let id = numbering.fetch_add(1, SeqCst);
                 tokio::spawn(async move {
                     if let Ok(server) = tokio::net::TcpStream::connect(target).await {
                         let (client_read, client_write) = client.into_split();
                         let (server_read, server_write) = server.into_split();
                         tokio::select! {
-                            _ = pump(client_read, server_write, frozen.clone()) => {}
-                            _ = pump(server_read, client_write, frozen) => {}
+                            _ = pump(id, client_read, server_write, frozen.clone()) => {}
+                            _ = pump(id, server_read, client_write, frozen) => {}
                             _ = up.wait_for(|up| !*up) => {}
                         }
                     }
@@ -390,6 +406,7 @@ impl Proxy {
             port,
             up,
             frozen,
+            accepted,
             live,
             task,
         }
@@ -397,7 +414,19 @@ impl Proxy {
 
     /// Holds (`true`) or releases every byte through the proxy, connections kept open.
     pub fn freeze(&self, frozen: bool) {
-        self.frozen.send_replace(frozen);
+        self.frozen.send_modify(|h| {
+            *h = Hold {
+                all: frozen,
+                before: 0,
+            }
+        });
+    }
+
+    /// Holds every byte of the connections open now (half-open connections); new ones
+    /// pass. `freeze(false)` releases them.
+    pub fn freeze_existing(&self) {
+        let before = self.accepted.load(std::sync::atomic::Ordering::SeqCst);
+        self.frozen.send_modify(|h| h.before = before);
     }
 
     pub fn set_up(&self, up: bool) {

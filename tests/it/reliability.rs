@@ -324,6 +324,105 @@ async fn a_frozen_database_socket_pauses_sending_and_the_totals_are_exact_after(
     );
 }
 
+/// The half-open test's flusher: backpressure must rise long before the write's timeout,
+/// so that the flag can only come from the timer judging while the write hangs.
+const HALF_OPEN_FLUSH: Duration = Duration::from_millis(50);
+const HALF_OPEN_MAX_UNWRITTEN: Duration = Duration::from_millis(300);
+const HALF_OPEN_WRITE_TIMEOUT: Duration = Duration::from_millis(2000);
+/// The flag is due `max_unwritten` + one tick after the last commit's drain; the rest
+/// is slack for the shared cores (still well under the write's timeout).
+const HALF_OPEN_FLAG_WITHIN: Duration = Duration::from_millis(1000);
+
+/// The flusher's only pooled connection goes half-open (its bytes held, new connections
+/// pass): backpressure rises while the write hangs, the write gives up at its timeout,
+/// the same batch commits on a new connection while the old one is still wedged, and the
+/// late copy released afterwards adds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_connection_raises_backpressure_and_the_batch_commits_on_a_new_one() {
+    use pushpace::stats::{unix_second, Flusher, FlusherConfig, Outcome, StatsRecorder};
+    let (pool, db_url) = fresh_database().await;
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let name = db_url.rsplit('/').next().unwrap();
+    let proxied_url = format!("postgres://postgres@127.0.0.1:{}/{name}", proxy.port);
+    // One connection: a wedged one handed back to the pool would hold its only slot.
+    // No test on acquire, so that the write itself (not the pool's ping) meets it.
+    let proxied = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&proxied_url)
+        .await
+        .unwrap();
+    let recorder = StatsRecorder::new();
+    let flusher = Flusher::new(
+        recorder.clone(),
+        proxied,
+        FlusherConfig {
+            interval: HALF_OPEN_FLUSH,
+            max_unwritten: HALF_OPEN_MAX_UNWRITTEN,
+            write_timeout: HALF_OPEN_WRITE_TIMEOUT,
+            retry_min: Duration::from_millis(20),
+            retry_max: Duration::from_millis(200),
+            ..FlusherConfig::default()
+        },
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = flusher.spawn(stop.clone());
+    let campaign = recorder.campaign("half-open");
+    let second = unix_second(std::time::SystemTime::now());
+    campaign.record(second, Outcome::Sent, 5);
+    wait_for("the first batch committed", Duration::from_secs(10), || {
+        flusher.batches_committed() >= 1
+    })
+    .await;
+    proxy.freeze_existing();
+    let frozen_at = Instant::now();
+    campaign.record(second, Outcome::Sent, 7);
+    wait_for(
+        "backpressure while the write hangs",
+        HALF_OPEN_FLAG_WITHIN,
+        || recorder.backpressure(),
+    )
+    .await;
+    let flagged_after = frozen_at.elapsed();
+    assert_eq!(
+        flusher.failed_writes(),
+        0,
+        "the flag must not wait for the write to give up"
+    );
+    // Committed on a new connection while the old one is still held.
+    wait_for(
+        "the batch committed on a new connection",
+        HALF_OPEN_WRITE_TIMEOUT * 3,
+        || flusher.pending_rows() == 0 && flusher.batches_committed() >= 2,
+    )
+    .await;
+    let committed_after = frozen_at.elapsed();
+    assert!(flusher.failed_writes() >= 1, "the wedged write timed out");
+    let stored = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT coalesce(sum(sent), 0)::bigint FROM delivery_seconds WHERE campaign_id = 'half-open'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(stored().await, 12);
+    wait_for("backpressure lowered", Duration::from_secs(5), || {
+        !recorder.backpressure()
+    })
+    .await;
+    // Release the wedged connection: its copy of the batch may now reach the server.
+    proxy.freeze(false);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    eprintln!(
+        "half-open: backpressure after {flagged_after:?}, committed on a new connection after {committed_after:?}"
+    );
+    assert_eq!(stored().await, 12, "the late copy added nothing");
+}
+
 /// How long the group may take to share the partitions between two members: tansu
 /// rebalances in steps of the members' heartbeats and a cooperative rebalance takes two
 /// rounds (revoke, then assign); the same limit as the distributed tests' `settle`.
