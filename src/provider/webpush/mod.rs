@@ -24,6 +24,8 @@ pub mod ece;
 pub use crate::job::webpush_subscription as subscription;
 pub mod vapid;
 
+use answer::Origin;
+
 use crate::job::{Job, PushOptions};
 use crate::provider::ceiling::Signal;
 use crate::provider::settings::WebPushSpec;
@@ -256,61 +258,19 @@ pub fn topic(collapse_id: Option<&str>) -> Option<&str> {
 
 /// The push-service origin of a subscription (scheme, host and port of its endpoint),
 /// as a key: the scheduler gives each origin its own lane and adaptive ceiling, so a slow
-/// or unreachable push service is paced alone. Allocation-free (the endpoint is
-/// borrowed unless it has JSON escapes); `None` when the device has no endpoint. Hosts
-/// compare without case and port 443 is the default, so `https://H` and
-/// `https://h:443` are one origin.
+/// or unreachable push service is paced alone. One parser, [`Origin::of`], serves this,
+/// the label and the refusal windows: allocation-free, hosts compared without case, port
+/// 443 of https the default. `None` when the device has no endpoint.
 pub fn origin_key(device: &str) -> Option<u64> {
-    let endpoint = endpoint_of(device)?;
-    let (scheme, host, port) = split_origin(&endpoint)?;
-    // FNV-1a over the lowercased parts: stable, cheap, no allocation.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let bytes = scheme.bytes().chain(*b"://").chain(host.bytes());
-    for b in bytes.chain(port.to_le_bytes()) {
-        h = (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x0100_0000_01b3);
-    }
-    // 0 is kept for "no origin" by callers that need a sentinel.
-    Some(h | 1)
+    // Odd: an even key is kept for the scheduler's overflow lane.
+    Origin::of(device).map(|o| o.key() | 1)
 }
 
 /// The origin as text (`https://host[:port]`), for the API and metrics: a push
 /// service's name, never the endpoint's path (a capability URL). Allocates: called
 /// once per new origin lane.
 pub fn origin_label(device: &str) -> Option<String> {
-    let endpoint = endpoint_of(device)?;
-    let (scheme, host, port) = split_origin(&endpoint)?;
-    let (scheme, host) = (scheme.to_ascii_lowercase(), host.to_ascii_lowercase());
-    Some(if port == 443 {
-        format!("{scheme}://{host}")
-    } else {
-        format!("{scheme}://{host}:{port}")
-    })
-}
-
-fn endpoint_of(device: &str) -> Option<Cow<'_, str>> {
-    #[derive(serde::Deserialize)]
-    struct Endpoint<'a> {
-        #[serde(borrow)]
-        endpoint: Cow<'a, str>,
-    }
-    serde_json::from_str::<Endpoint<'_>>(device)
-        .ok()
-        .map(|e| e.endpoint)
-}
-
-/// (scheme, host, port) of an absolute URL; the port is 443 when not given.
-fn split_origin(url: &str) -> Option<(&str, &str, u16)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority.rsplit('@').next()?;
-    // An IPv6 literal keeps its colons inside brackets.
-    let (host, port) = match authority.rfind(':') {
-        Some(i) if !authority[i..].contains(']') => {
-            (&authority[..i], authority[i + 1..].parse().ok()?)
-        }
-        _ => (authority, 443),
-    };
-    (!host.is_empty()).then_some((scheme, host, port))
+    Origin::of(device).map(|o| o.text())
 }
 
 fn unix_s() -> i64 {
