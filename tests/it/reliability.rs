@@ -423,6 +423,85 @@ async fn a_half_open_connection_raises_backpressure_and_the_batch_commits_on_a_n
     assert_eq!(stored().await, 12, "the late copy added nothing");
 }
 
+/// A letter for the outcomes test: message `offset` of partition 0.
+fn letter(offset: i64) -> pushpace::worker::outcomes::Record {
+    use pushpace::worker::outcomes::{Letter, Record};
+    Record::DeadLetter(Box::new(Letter {
+        kind: pushpace::store::DeadLetterKind::MalformedJob,
+        partition: 0,
+        offset,
+        campaign_id: None,
+        job_id: None,
+        device: None,
+        device_token: None,
+        reason: "half-open test".into(),
+        key: None,
+        raw: b"{".to_vec(),
+        replay: None,
+    }))
+}
+
+/// The outcomes writer's connection goes half-open mid-run: the letter waiting on it is
+/// written on another connection once the attempt passes `write_timeout`, once only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_connection_delays_a_dead_letter_by_the_write_timeout_only() {
+    use pushpace::worker::outcomes::{channel, OutcomesConfig};
+    let (pool, db_url) = fresh_database().await;
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let name = db_url.rsplit('/').next().unwrap();
+    let proxied_url = format!("postgres://postgres@127.0.0.1:{}/{name}", proxy.port);
+    // Two connections: the abandoned one stays checked out (the pool pings a connection
+    // given back mid-query, and the ping waits for the frozen socket).
+    let proxied = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .test_before_acquire(false)
+        .connect(&proxied_url)
+        .await
+        .unwrap();
+    let topic = unique_name("t");
+    let (outcomes, writer) = channel(
+        OutcomesConfig {
+            write_timeout: HALF_OPEN_WRITE_TIMEOUT,
+            ..OutcomesConfig::default()
+        },
+        proxied,
+        topic.clone(),
+        None,
+        None,
+    );
+    let task = tokio::spawn(writer.run());
+    let first = outcomes.record(letter(1)).unwrap();
+    wait_for("the first letter", Duration::from_secs(10), || {
+        outcomes.is_durable(first)
+    })
+    .await;
+    proxy.freeze_existing();
+    let frozen_at = Instant::now();
+    let second = outcomes.record(letter(2)).unwrap();
+    wait_for(
+        "the second letter on a new connection",
+        HALF_OPEN_WRITE_TIMEOUT * 3,
+        || outcomes.is_durable(second),
+    )
+    .await;
+    let written_after = frozen_at.elapsed();
+    assert!(
+        written_after >= HALF_OPEN_WRITE_TIMEOUT,
+        "written after {written_after:?}: the frozen connection cannot have answered"
+    );
+    proxy.freeze(false);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(outcomes);
+    task.await.unwrap();
+    eprintln!("half-open outcomes: letter durable after {written_after:?}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters WHERE topic = $1")
+        .bind(&topic)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2, "each letter once, the late copy included");
+}
+
 /// How long the group may take to share the partitions between two members: tansu
 /// rebalances in steps of the members' heartbeats and a cooperative rebalance takes two
 /// rounds (revoke, then assign); the same limit as the distributed tests' `settle`.
