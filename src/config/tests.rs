@@ -239,3 +239,35 @@ fn hygiene_invalid_ttl_defaults_to_30_days_and_is_bounded() {
         assert!(e.to_string().starts_with("hygiene.invalid_ttl: "), "{e}");
     }
 }
+
+#[test]
+fn the_flusher_bounds_default_to_10_s_and_are_checked() {
+    let s = load(&[], &[]).unwrap();
+    assert_eq!(s.worker.stats_max_unwritten_ms, 10_000);
+    assert_eq!(s.worker.write_timeout_ms, 10_000);
+    for bad in ["999", "600001"] {
+        let e = load(&[], &[&format!("worker.stats_max_unwritten_ms={bad}")]).unwrap_err();
+        assert!(
+            e.to_string().starts_with("worker.stats_max_unwritten_ms: "),
+            "{e}"
+        );
+    }
+    // Never under one flush interval: it would hold sending between healthy flushes.
+    let e = load(
+        &[],
+        &[
+            "worker.stats_flush_ms=2000",
+            "worker.stats_max_unwritten_ms=2000",
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().starts_with("worker.stats_max_unwritten_ms: "),
+        "{e}"
+    );
+    for bad in ["99", "600001"] {
+        let e = load(&[], &[&format!("worker.write_timeout_ms={bad}")]).unwrap_err();
+        assert_eq!(e.to_string(), "worker.write_timeout_ms: must be 100–600000");
+    }
+    assert!(load(&[], &["worker.write_timeout_ms=100"]).is_ok());
+}
