@@ -46,9 +46,8 @@
 
 use super::{CapConfig, CapError};
 use crate::hygiene::token_hash;
-use crate::redis_link::{self, RedisLink};
+use crate::redis_link::{self, RedisLink, RedisTarget};
 use parking_lot::Mutex;
-use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -114,7 +113,8 @@ static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RE
 pub struct SharedCapConfig {
     /// `max_per_device` and `window` (the sketch size is not used in this scope).
     pub cap: CapConfig,
-    pub url: SecretString,
+    /// Where and how to connect (URL, credentials, TLS).
+    pub target: RedisTarget,
     /// Bounds connecting and every call.
     pub timeout: Duration,
     pub key_prefix: String,
@@ -124,7 +124,7 @@ impl SharedCapConfig {
     pub fn from_settings(settings: &crate::config::Settings) -> SharedCapConfig {
         SharedCapConfig {
             cap: settings.capping.cap_config(),
-            url: settings.redis.url.clone(),
+            target: settings.redis.target(),
             timeout: settings.redis.connect_timeout(),
             key_prefix: settings.redis.key_prefix.clone(),
         }
@@ -135,7 +135,7 @@ impl std::fmt::Debug for SharedCapConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedCapConfig")
             .field("cap", &self.cap)
-            .field("url", &crate::config::redact_url(self.url.expose_secret()))
+            .field("target", &self.target)
             .field("timeout", &self.timeout)
             .field("key_prefix", &self.key_prefix)
             .finish()
@@ -246,7 +246,7 @@ impl SharedCap {
         if window_ms == 0 {
             return Err(CapError::BadWindow);
         }
-        let (runtime, client) = RedisLink::open(config.url.expose_secret())?;
+        let (runtime, client) = RedisLink::open(&config.target)?;
         let inner = Arc::new(Inner {
             base: format!("{}:cap:", config.key_prefix),
             window_ms,
@@ -266,6 +266,11 @@ impl SharedCap {
     /// Whether a connection has been made (it reconnects by itself afterwards).
     pub fn is_connected(&self) -> bool {
         self.inner.link.is_connected()
+    }
+
+    /// Why the first connection is not made yet (refused, TLS, credentials), if tried.
+    pub fn connect_error(&self) -> Option<String> {
+        self.inner.link.last_error()
     }
 
     pub fn stats(&self) -> SharedCapStats {

@@ -210,6 +210,7 @@ impl Settings {
         let mut settings: Settings = built.try_deserialize()?;
         settings.database.drop_unsupported_params();
         settings.kafka.resolve_secrets()?;
+        settings.redis.resolve_secrets()?;
         settings.validate()?;
         settings.providers = providers::build(&settings.sender, sections)?;
         settings.validate_drain()?;

@@ -356,7 +356,19 @@ pub struct LimiterSettings {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
+    /// `redis://` or `rediss://` (TLS); may hold `username:password`.
     pub url: SecretString,
+    /// The ACL user, over the URL's.
+    pub username: Option<String>,
+    /// Also `PUSHPACE__REDIS__PASSWORD`; or read from `password_file` at load. Over the
+    /// URL's password.
+    pub password: Option<SecretString>,
+    pub password_file: Option<PathBuf>,
+    /// The CA that signs the server's certificate (PEM); without it, the public roots.
+    pub ssl_ca_file: Option<PathBuf>,
+    /// A client certificate and its key (PEM), for mutual TLS.
+    pub ssl_cert_file: Option<PathBuf>,
+    pub ssl_key_file: Option<PathBuf>,
     pub connect_timeout_ms: u64,
     #[serde(deserialize_with = "by_name")]
     pub algorithm: RedisAlgorithm,
@@ -370,12 +382,44 @@ impl RedisSettings {
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
     }
+
+    /// Where and how every Redis client connects (`crate::redis_link::client_for`).
+    pub fn target(&self) -> crate::redis_link::RedisTarget {
+        crate::redis_link::RedisTarget {
+            url: self.url.clone(),
+            username: self.username.clone(),
+            password: self.password.clone(),
+            ca_file: self.ssl_ca_file.clone(),
+            cert_file: self.ssl_cert_file.clone(),
+            key_file: self.ssl_key_file.clone(),
+        }
+    }
+
+    /// Reads `password_file` into `password` (one of the two, not both).
+    pub(super) fn resolve_secrets(&mut self) -> Result<(), super::ConfigError> {
+        if let Some(path) = &self.password_file {
+            if self.password.is_some() {
+                return Err(super::invalid(
+                    "redis.password_file",
+                    "set either it or redis.password (PUSHPACE__REDIS__PASSWORD), not both",
+                ));
+            }
+            self.password = Some(super::kafka::read_secret_file("redis.password_file", path)?);
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for RedisSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSettings")
             .field("url", &redact_url(self.url.expose_secret()))
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "[set]"))
+            .field("password_file", &self.password_file)
+            .field("ssl_ca_file", &self.ssl_ca_file)
+            .field("ssl_cert_file", &self.ssl_cert_file)
+            .field("ssl_key_file", &self.ssl_key_file)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("algorithm", &self.algorithm)
             .field("lease_ms", &self.lease_ms)

@@ -238,6 +238,7 @@ impl RedisSettings {
                 ))
             }
         }
+        r.validate_connection()?;
         if r.connect_timeout_ms == 0 {
             return Err(invalid("redis.connect_timeout_ms", "must be > 0"));
         }
@@ -246,6 +247,47 @@ impl RedisSettings {
         }
         if r.key_prefix.is_empty() {
             return Err(invalid("redis.key_prefix", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+impl RedisSettings {
+    /// TLS files only with `rediss://`, readable, cert and key together; a user needs a
+    /// password from somewhere.
+    fn validate_connection(&self) -> Result<(), ConfigError> {
+        let tls = self.url.expose_secret().starts_with("rediss://");
+        let files = [
+            ("redis.ssl_ca_file", &self.ssl_ca_file),
+            ("redis.ssl_cert_file", &self.ssl_cert_file),
+            ("redis.ssl_key_file", &self.ssl_key_file),
+        ];
+        for (key, file) in files {
+            let Some(path) = file else { continue };
+            if !tls {
+                return Err(invalid(key, "needs a rediss:// redis.url (TLS)"));
+            }
+            if !path.is_file() {
+                return Err(invalid(
+                    key,
+                    format!("{} is not a readable file", path.display()),
+                ));
+            }
+        }
+        if self.ssl_cert_file.is_some() != self.ssl_key_file.is_some() {
+            return Err(invalid(
+                "redis.ssl_key_file",
+                "mutual TLS needs both redis.ssl_cert_file and redis.ssl_key_file",
+            ));
+        }
+        let url_password = url::Url::parse(self.url.expose_secret())
+            .map(|u| u.password().is_some())
+            .unwrap_or(false);
+        if self.username.is_some() && self.password.is_none() && !url_password {
+            return Err(invalid(
+                "redis.username",
+                "needs a password: redis.password_file, PUSHPACE__REDIS__PASSWORD or one in redis.url",
+            ));
         }
         Ok(())
     }

@@ -36,8 +36,7 @@ pub use scope::ScopedLimiters;
 use crate::config::Settings;
 use crate::limiter::factory::LimiterFactory;
 use crate::limiter::{Algorithm, Clock, DynLimiter, Rate};
-use crate::redis_link::{self, RedisLink};
-use secrecy::{ExposeSecret, SecretString};
+use crate::redis_link::{self, RedisLink, RedisTarget};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -74,7 +73,8 @@ pub enum LeaseAnswer {
 /// What the distributed limiters need from the settings.
 #[derive(Clone)]
 pub struct RedisConfig {
-    pub url: SecretString,
+    /// Where and how to connect (URL, credentials, TLS).
+    pub target: RedisTarget,
     pub connect_timeout: Duration,
     pub algorithm: RedisAlgorithm,
     /// The slice a lease covers.
@@ -86,7 +86,7 @@ pub struct RedisConfig {
 impl RedisConfig {
     pub fn from_settings(settings: &Settings) -> RedisConfig {
         RedisConfig {
-            url: settings.redis.url.clone(),
+            target: settings.redis.target(),
             connect_timeout: settings.redis.connect_timeout(),
             algorithm: settings.redis.algorithm,
             lease: Duration::from_millis(settings.redis.lease_ms),
@@ -99,7 +99,7 @@ impl RedisConfig {
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisConfig")
-            .field("url", &crate::config::redact_url(self.url.expose_secret()))
+            .field("target", &self.target)
             .field("connect_timeout", &self.connect_timeout)
             .field("algorithm", &self.algorithm)
             .field("lease", &self.lease)
@@ -136,7 +136,7 @@ impl RedisLimiterFactory {
         config: RedisConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<RedisLimiterFactory, DistributedError> {
-        let (runtime, client) = RedisLink::open(config.url.expose_secret())?;
+        let (runtime, client) = RedisLink::open(&config.target)?;
         let inner = Arc::new(Inner {
             membership: Membership::new(config.workers_estimate),
             redis_clock: redis_clock::RedisClock::new(),
@@ -168,6 +168,11 @@ impl RedisLimiterFactory {
     /// Whether a connection to Redis has been made (it reconnects by itself afterwards).
     pub fn is_connected(&self) -> bool {
         self.inner.link.is_connected()
+    }
+
+    /// Why the first connection is not made yet (refused, TLS, credentials), if tried.
+    pub fn connect_error(&self) -> Option<String> {
+        self.inner.link.last_error()
     }
 
     /// Follows the consumer group's live members, for [`Self::workers`]; see

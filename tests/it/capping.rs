@@ -22,7 +22,7 @@ fn cap_config(prefix: &str, max: u32, url: String) -> SharedCapConfig {
             window: LONG_WINDOW_S * 1_000_000_000,
             expected_devices: 1,
         },
-        url: url.into(),
+        target: pushpace::redis_link::RedisTarget::url(url),
         timeout: Duration::from_millis(500),
         key_prefix: prefix.to_string(),
     }

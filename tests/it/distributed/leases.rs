@@ -133,7 +133,7 @@ pub(super) fn windows(mut t: Vec<Nanos>, from: Nanos, to: Nanos) -> (u64, f64) {
     (max, mean)
 }
 
-struct Shared {
+pub(super) struct Shared {
     max_window: u64,
     mean: f64,
     round_trips_per_1000: f64,
@@ -142,7 +142,8 @@ struct Shared {
 /// `workers` factories (one per simulated worker) share one campaign at `rate` for
 /// `secs` seconds; the first second is warm-up. The campaign's own algorithm is
 /// `local` (shaping the leased permits), without burst.
-async fn share_between(
+pub(super) async fn share_between(
+    target: &RedisTarget,
     algorithm: RedisAlgorithm,
     local: Algorithm,
     workers: u32,
@@ -156,7 +157,7 @@ async fn share_between(
     let rate = Rate::per_second(rate).unwrap();
     let factories: Vec<RedisLimiterFactory> = (0..workers)
         .map(|_| {
-            let mut c = config(format!("redis://{REDIS}"), algorithm, lease_ms, workers);
+            let mut c = config(target.clone(), algorithm, lease_ms, workers);
             c.key_prefix = prefix.clone();
             RedisLimiterFactory::new(c, clock.clone()).unwrap()
         })
@@ -164,6 +165,13 @@ async fn share_between(
     let end = Instant::now() + Duration::from_secs(5);
     while !factories.iter().all(|f| f.is_connected()) && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for f in &factories {
+        assert!(
+            f.is_connected(),
+            "no Redis within 5 s: {:?}",
+            f.connect_error()
+        );
     }
     let start = clock.now();
     let until = start + secs * NANOS_PER_SEC;
@@ -189,25 +197,37 @@ async fn share_between(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paced_redis_gcra_leases_share_one_rate_between_three_workers() {
-    let _g = pacing_lock().await;
+/// 100 ms GCRA leases for 3 workers sharing 2000/s at `target`, 6 s: the shared rate
+/// holds (+1: a slot on the window's edge) with under 60 round trips per 1000 sends.
+pub(super) async fn three_workers_share_2000_per_s(target: &RedisTarget) -> Shared {
     let gcra = Algorithm::Gcra;
-    let leased = share_between(RedisAlgorithm::RedisGcra, gcra, 3, 2000.0, 100, 6).await;
-    // 1 ms lease slice: one permit per lease, the "no leasing" baseline.
-    let single = share_between(RedisAlgorithm::RedisGcra, gcra, 3, 2000.0, 1, 6).await;
+    let leased = share_between(target, RedisAlgorithm::RedisGcra, gcra, 3, 2000.0, 100, 6).await;
     eprintln!(
-        "redis-gcra, 3 workers, 2000/s: leased (100 ms): largest 1 s window {}, mean {:.1}/s, {:.1} round trips per 1000 sends; unleased: largest {}, mean {:.1}/s, {:.1} round trips per 1000 sends",
-        leased.max_window, leased.mean, leased.round_trips_per_1000,
-        single.max_window, single.mean, single.round_trips_per_1000
+        "redis-gcra, 3 workers, 2000/s, 100 ms leases at {target:?}: largest 1 s window {}, mean {:.1}/s, {:.1} round trips per 1000 sends",
+        leased.max_window, leased.mean, leased.round_trips_per_1000
     );
-    // +1: a slot on the window's edge.
     assert!(leased.max_window <= 2041, "{}", leased.max_window);
     assert!(leased.mean >= 0.97 * 2000.0, "{}", leased.mean);
     assert!(
         leased.round_trips_per_1000 < 60.0,
         "{}",
         leased.round_trips_per_1000
+    );
+    leased
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_redis_gcra_leases_share_one_rate_between_three_workers() {
+    let _g = pacing_lock().await;
+    let gcra = Algorithm::Gcra;
+    let plain = RedisTarget::url(format!("redis://{REDIS}"));
+    let leased = three_workers_share_2000_per_s(&plain).await;
+    // 1 ms lease slice: one permit per lease, the "no leasing" baseline.
+    let single = share_between(&plain, RedisAlgorithm::RedisGcra, gcra, 3, 2000.0, 1, 6).await;
+    eprintln!(
+        "redis-gcra, 3 workers, 2000/s: leased (100 ms): largest 1 s window {}, mean {:.1}/s, {:.1} round trips per 1000 sends; unleased: largest {}, mean {:.1}/s, {:.1} round trips per 1000 sends",
+        leased.max_window, leased.mean, leased.round_trips_per_1000,
+        single.max_window, single.mean, single.round_trips_per_1000
     );
     assert!(single.max_window <= 2041, "{}", single.max_window);
     assert!(
@@ -221,6 +241,7 @@ async fn paced_redis_gcra_leases_share_one_rate_between_three_workers() {
 async fn paced_redis_sliding_window_leases_share_one_rate_between_three_workers() {
     let _g = pacing_lock().await;
     let s = share_between(
+        &RedisTarget::url(format!("redis://{REDIS}")),
         RedisAlgorithm::RedisSlidingWindow,
         Algorithm::Gcra,
         3,
@@ -247,7 +268,8 @@ async fn paced_redis_sliding_window_leases_share_one_rate_between_three_workers(
 async fn paced_leaky_and_token_bucket_campaigns_shape_their_leases_and_keep_the_shared_rate() {
     let _g = pacing_lock().await;
     for local in [Algorithm::LeakyBucket, Algorithm::TokenBucket] {
-        let s = share_between(RedisAlgorithm::RedisGcra, local, 3, 2000.0, 100, 5).await;
+        let plain = RedisTarget::url(format!("redis://{REDIS}"));
+        let s = share_between(&plain, RedisAlgorithm::RedisGcra, local, 3, 2000.0, 100, 5).await;
         eprintln!(
             "redis-gcra leases shaped by {local}, 3 workers, 2000/s: largest 1 s window {}, mean {:.1}/s, {:.1} round trips per 1000 sends",
             s.max_window, s.mean, s.round_trips_per_1000

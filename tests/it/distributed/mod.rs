@@ -3,12 +3,15 @@
 //!
 //! - `leases`: the Redis scripts and limiters shared by several limiters in one process;
 //! - `scope`: one in-process worker whose campaigns move between local and Redis scope;
-//! - `processes` (with its harness `process_run`): groups of `pushpace run` workers.
+//! - `processes` (with its harness `process_run`): groups of `pushpace run` workers;
+//! - `tls`: the same over `rediss://` with an ACL user (`scripts/redis-tls.sh`), and
+//!   what each wrong credential or certificate looks like.
 
 mod leases;
 mod process_run;
 mod processes;
 mod scope;
+mod tls;
 
 use crate::harness::{produce_spread, TestWorker};
 use crate::helpers::{
@@ -22,6 +25,7 @@ use pushpace::distributed::{
 use pushpace::limiter::{
     Algorithm, Clock, MonotonicClock, Nanos, Rate, RateLimiter, NANOS_PER_SEC,
 };
+use pushpace::redis_link::RedisTarget;
 use pushpace::tools::produce::ProducePlan;
 use pushpace::tools::sink::{Sink, SinkConfig};
 use pushpace::worker::scheduler::acquire_catching_up;
@@ -35,9 +39,14 @@ async fn conn() -> redis::aio::ConnectionManager {
     redis::aio::ConnectionManager::new(client).await.unwrap()
 }
 
-fn config(url: String, algorithm: RedisAlgorithm, lease_ms: u64, workers: u32) -> RedisConfig {
+fn config(
+    target: RedisTarget,
+    algorithm: RedisAlgorithm,
+    lease_ms: u64,
+    workers: u32,
+) -> RedisConfig {
     RedisConfig {
-        url: url.into(),
+        target,
         connect_timeout: Duration::from_millis(500),
         algorithm,
         lease: Duration::from_millis(lease_ms),
@@ -49,8 +58,12 @@ fn config(url: String, algorithm: RedisAlgorithm, lease_ms: u64, workers: u32) -
 /// A factory on 100 ms GCRA leases at `url`, sized for `workers`, once it has connected
 /// (or after 5 s: the test's own checks then fail on the fallback).
 async fn gcra_factory(url: String, workers: u32, clock: Arc<dyn Clock>) -> RedisLimiterFactory {
-    let f = RedisLimiterFactory::new(config(url, RedisAlgorithm::RedisGcra, 100, workers), clock)
-        .unwrap();
+    let target = RedisTarget::url(url);
+    let f = RedisLimiterFactory::new(
+        config(target, RedisAlgorithm::RedisGcra, 100, workers),
+        clock,
+    )
+    .unwrap();
     let end = Instant::now() + Duration::from_secs(5);
     while !f.is_connected() && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(20)).await;
