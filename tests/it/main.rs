@@ -14,7 +14,6 @@ mod codecs;
 mod dead_letters;
 mod distributed;
 mod fcm;
-mod h2_close;
 mod halt_scope;
 mod harness;
 mod helpers;
