@@ -101,7 +101,10 @@ fn url_secrets_are_not_printed() {
     }
     // What is not secret still shows, so the output stays useful; a path may be a
     // webhook's credential, so only its first segment does.
-    assert!(out.contains("pushuser:***@push.example:8443/v1/***"), "{out}");
+    assert!(
+        out.contains("pushuser:***@push.example:8443/v1/***"),
+        "{out}"
+    );
     assert!(out.contains("sslmode=require"), "{out}");
     assert!(out.contains("password=***"), "{out}");
     // Parameters the PostgreSQL driver would ignore (and log with their values) are
