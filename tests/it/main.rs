@@ -14,6 +14,8 @@ mod codecs;
 mod dead_letters;
 mod distributed;
 mod fcm;
+mod h2_close;
+mod h2_goaway;
 mod halt_scope;
 mod harness;
 mod helpers;

@@ -186,10 +186,12 @@ impl Conn {
         }
         let response = response.await.map_err(|e| self.failed(e))?;
         self.activity.answered.store(true, Relaxed);
-        let answer = read_answer(response).await.map_err(|e| match e {
-            Some(e) => self.failed(e),
-            None => Failure::TooLarge,
-        })?;
+        let (answer, cut) = read_answer(response).await;
+        if let Some(e) = cut {
+            // The status was read, so the request was processed: the answer stands.
+            // A connection-level error still retires the connection.
+            let _ = self.failed(e);
+        }
         if answer.status.is_success() {
             if let Some(gate) = &self.gate {
                 gate.close();
@@ -239,19 +241,30 @@ impl Conn {
     }
 }
 
-/// Reads the answer; `Err(None)` when the body is over [`MAX_ANSWER_BODY`].
-async fn read_answer(
-    response: http::Response<h2::RecvStream>,
-) -> Result<Answer, Option<h2::Error>> {
+/// Reads the answer: at most [`MAX_ANSWER_BODY`] bytes of its body are kept (the rest is
+/// dropped, which resets the stream), and a body cut short by a stream or connection
+/// error keeps what came (the error is returned beside it). Once the status is read the
+/// request was processed, so neither case may make it a failure and a resend.
+async fn read_answer(response: http::Response<h2::RecvStream>) -> (Answer, Option<h2::Error>) {
     let (head, mut body) = response.into_parts();
     let mut collected = BytesMut::new();
     let mut single: Option<Bytes> = None;
+    let mut cut = None;
     while let Some(chunk) = body.data().await {
-        let chunk = chunk.map_err(Some)?;
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                cut = Some(e);
+                break;
+            }
+        };
         let _ = body.flow_control().release_capacity(chunk.len());
         let held = single.as_ref().map_or(0, Bytes::len) + collected.len();
         if held + chunk.len() > MAX_ANSWER_BODY {
-            return Err(None);
+            let room = MAX_ANSWER_BODY - held;
+            collected.extend_from_slice(single.take().as_deref().unwrap_or_default());
+            collected.extend_from_slice(&chunk[..room]);
+            break;
         }
         // The usual answer is one DATA frame: keep it without copying.
         match single.take() {
@@ -264,11 +277,12 @@ async fn read_answer(
             }
         }
     }
-    Ok(Answer {
+    let answer = Answer {
         status: head.status,
         headers: head.headers,
         body: single.unwrap_or_else(|| collected.freeze()),
-    })
+    };
+    (answer, cut)
 }
 
 /// Drives a connection and keeps it alive; forgets it in its slot when it ends.

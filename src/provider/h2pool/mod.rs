@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The most answer body the pool reads; a longer answer is an error.
+/// The most answer body the pool keeps; a longer one is cut there (the status stands).
 pub const MAX_ANSWER_BODY: usize = 64 * 1024;
 
 /// Sends of a request that reached the server but that it did not process (the first
@@ -68,7 +68,8 @@ pub struct PoolConfig {
     pub idle_ping: Duration,
 }
 
-/// A provider's answer. The body is at most [`MAX_ANSWER_BODY`] bytes.
+/// A provider's answer. The body is at most [`MAX_ANSWER_BODY`] bytes, and may be cut
+/// short (over that, or a stream reset after the status): the status is the answer.
 #[derive(Debug, Clone)]
 pub struct Answer {
     pub status: StatusCode,
@@ -96,8 +97,6 @@ pub enum TransportError {
         tries: u32,
         reason: String,
     },
-    #[error("{pool}: answer body over {MAX_ANSWER_BODY} bytes")]
-    BodyTooLarge { pool: Arc<str> },
 }
 
 impl TransportError {
@@ -112,8 +111,6 @@ impl TransportError {
         };
         let signal = match &self {
             TransportError::Timeout { .. } => Some(Signal::Timeout),
-            // The provider's answer was too long: nothing to say of its load.
-            TransportError::BodyTooLarge { .. } => None,
             _ => Some(Signal::Connection),
         };
         SendOutcome::RetryProvider {
@@ -132,7 +129,6 @@ enum Failure {
     NotProcessed(String),
     /// The request may have been processed.
     Lost(String),
-    TooLarge,
 }
 
 /// Long-lived HTTP/2 connections to one provider endpoint.
@@ -292,11 +288,6 @@ impl H2Pool {
                         pool: self.config.name.clone(),
                         reason,
                     });
-                }
-                Err(Failure::TooLarge) => {
-                    return Err(TransportError::BodyTooLarge {
-                        pool: self.config.name.clone(),
-                    })
                 }
             }
         }
