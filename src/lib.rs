@@ -26,6 +26,8 @@
 //!   through Redis leases, with a local fallback.
 //! - [`shutdown`]: the worker's stop signal, one cancellation token in ordered phases.
 //! - [`api`]: the operator HTTP API and the live dashboard (axum).
+//! - [`apps`]: the app registry: per-app credentials in PostgreSQL, sealed under a master
+//!   key, and its store.
 //! - [`metrics`]: the Prometheus recorder, the snapshot sampler and `sends_total`.
 //! - [`startup`]: builds and runs the HTTP application on `http.bind`.
 //! - [`prefetch`]: cache hints for loops that know what they will touch next.
@@ -35,6 +37,7 @@
 //! client).
 
 pub mod api;
+pub mod apps;
 pub mod broker;
 pub mod capping;
 pub mod config;
