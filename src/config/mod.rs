@@ -20,6 +20,7 @@
 //! Submodules: [`sections`] (the plain sections), [`sender`] (`[sender]`), [`providers`]
 //! and [`keys`] (named providers and their key material), `validate` (the checks).
 
+mod apps;
 pub mod kafka;
 mod keys;
 pub mod providers;
@@ -33,6 +34,7 @@ mod tests_kafka;
 mod tests_providers;
 mod validate;
 
+pub use apps::AppsSettings;
 pub use sections::*;
 pub use sender::*;
 
@@ -104,6 +106,9 @@ pub struct Settings {
     pub hygiene: HygieneSettings,
     #[serde(default)]
     pub capping: CappingSettings,
+    /// `[apps]`: the app registry's master keys (src/config/apps.rs).
+    #[serde(default)]
+    pub apps: AppsSettings,
     /// Every provider, checked: first the implicit `webhook` of `[sender]`, then the
     /// `[providers.<name>]` sections by name. Filled by [`Settings::load`].
     #[serde(skip)]
@@ -125,6 +130,7 @@ impl std::fmt::Debug for Settings {
             .field("redis", &self.redis)
             .field("hygiene", &self.hygiene)
             .field("capping", &self.capping)
+            .field("apps", &self.apps)
             .field("providers", &self.providers)
             .finish()
     }

@@ -1,0 +1,248 @@
+//! `[apps]`: the master keys of the app registry ([`crate::apps`]).
+//!
+//! - `master_key_file`: a file holding the current master key (32 random bytes in
+//!   base64, e.g. `openssl rand -base64 32 > master.key`); or `master_key`, the same
+//!   text, meant for `PUSHPACE__APPS__MASTER_KEY`. Not both.
+//! - `old_master_key_files`: keys that sealed rows still to be re-sealed by a rotation
+//!   (in a file a list; in the environment or `--set`, comma-separated).
+//!
+//! The keys are read and checked once, at load, into a [`Keyring`]; a bad one fails
+//! start-up naming its key and never its content. Without a master key the registry
+//! can still be listed, but nothing can be sealed or opened. `Debug` shows key ids only.
+
+use crate::apps::{Keyring, MasterKey};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The `[apps]` section, its keys read.
+#[derive(Clone, Default, Deserialize)]
+#[serde(try_from = "RawApps")]
+pub struct AppsSettings {
+    /// `None`: no master key is configured.
+    pub keyring: Option<Arc<Keyring>>,
+}
+
+impl std::fmt::Debug for AppsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids = self.keyring.as_ref().map(|k| k.ids());
+        f.debug_struct("AppsSettings")
+            .field("master_key_ids", &ids)
+            .finish()
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawApps {
+    #[serde(default)]
+    master_key: Option<SecretString>,
+    #[serde(default)]
+    master_key_file: Option<PathBuf>,
+    #[serde(default, deserialize_with = "path_list")]
+    old_master_key_files: Vec<PathBuf>,
+}
+
+/// A list of paths, from a TOML array or a comma-separated string (environment, flags).
+fn path_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Paths {
+        List(Vec<String>),
+        Text(String),
+    }
+    let list = match Paths::deserialize(d)? {
+        Paths::List(l) => l,
+        Paths::Text(t) => t.split(',').map(str::to_string).collect(),
+    };
+    Ok(list
+        .into_iter()
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect())
+}
+
+fn read_key(key: &str, path: &Path) -> Result<MasterKey, String> {
+    let text = std::fs::read(path)
+        .map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))
+        .map(secrecy::zeroize::Zeroizing::new)?;
+    let text = std::str::from_utf8(&text)
+        .map_err(|_| format!("{key}: {} is not base64 text", path.display()))?;
+    MasterKey::from_base64(text).map_err(|e| format!("{key}: {} {e}", path.display()))
+}
+
+impl TryFrom<RawApps> for AppsSettings {
+    type Error = String;
+
+    fn try_from(raw: RawApps) -> Result<Self, String> {
+        let current = match (&raw.master_key, &raw.master_key_file) {
+            (Some(_), Some(_)) => {
+                return Err("apps.master_key_file: set apps.master_key_file or \
+                     PUSHPACE__APPS__MASTER_KEY (apps.master_key), not both"
+                    .into())
+            }
+            (Some(text), None) => {
+                Some(MasterKey::from_base64(text.expose_secret()).map_err(|e| {
+                    format!("apps.master_key: the text of PUSHPACE__APPS__MASTER_KEY {e}")
+                })?)
+            }
+            (None, Some(path)) => Some(read_key("apps.master_key_file", path)?),
+            (None, None) => None,
+        };
+        let old = raw
+            .old_master_key_files
+            .iter()
+            .enumerate()
+            .map(|(i, p)| read_key(&format!("apps.old_master_key_files[{i}]"), p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(current) = current else {
+            if !old.is_empty() {
+                return Err(
+                    "apps.old_master_key_files: old master keys need a current one \
+                     (apps.master_key_file or PUSHPACE__APPS__MASTER_KEY)"
+                        .into(),
+                );
+            }
+            return Ok(AppsSettings::default());
+        };
+        let keyring =
+            Keyring::new(current, old).map_err(|e| format!("apps.old_master_key_files: {e}"))?;
+        Ok(AppsSettings {
+            keyring: Some(Arc::new(keyring)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{LoadOptions, Settings};
+    use crate::apps::MasterKey;
+
+    fn load(
+        overrides: &[String],
+        env: &[(&str, String)],
+    ) -> Result<Settings, super::super::ConfigError> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let lookup = env.clone();
+        Settings::load_with_env(
+            &LoadOptions {
+                config_dir: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/config").into()),
+                environment: Some("local".into()),
+                overrides: overrides.to_vec(),
+            },
+            move |k| lookup.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            env.into_iter(),
+        )
+    }
+
+    #[test]
+    fn keys_come_from_a_file_or_the_environment_and_show_as_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let (current, old) = (MasterKey::generate(), MasterKey::generate());
+        let (cur_path, old_path) = (dir.path().join("current.key"), dir.path().join("old.key"));
+        std::fs::write(&cur_path, format!("{}\n", &*current.to_base64())).unwrap();
+        std::fs::write(&old_path, &*old.to_base64()).unwrap();
+
+        let none = load(&[], &[]).unwrap();
+        assert!(none.apps.keyring.is_none());
+
+        let from_files = load(
+            &[
+                format!("apps.master_key_file={}", cur_path.display()),
+                format!("apps.old_master_key_files={}", old_path.display()),
+            ],
+            &[],
+        )
+        .unwrap();
+        let ring = from_files.apps.keyring.as_ref().unwrap();
+        assert_eq!(ring.ids(), vec![current.id(), old.id()]);
+        let shown = format!("{from_files:?}");
+        assert!(
+            shown.contains(current.id()) && shown.contains(old.id()),
+            "{shown}"
+        );
+        for k in [&current, &old] {
+            assert!(
+                !shown.contains(k.to_base64().trim_end_matches('=')),
+                "{shown}"
+            );
+        }
+
+        let from_env = load(
+            &[],
+            &[(
+                "PUSHPACE__APPS__MASTER_KEY",
+                current.to_base64().to_string(),
+            )],
+        )
+        .unwrap();
+        assert_eq!(from_env.apps.keyring.unwrap().current_id(), current.id());
+    }
+
+    /// Overrides, environment, and what the error must say.
+    type Case = (Vec<String>, Vec<(&'static str, String)>, &'static str);
+
+    #[test]
+    fn a_bad_key_fails_the_load_naming_its_key_not_its_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("short.key");
+        std::fs::write(&short, "c2hvcnQtYnV0LXNlY3JldA==").unwrap();
+        let good = dir.path().join("good.key");
+        std::fs::write(&good, &*MasterKey::generate().to_base64()).unwrap();
+        let cases: Vec<Case> = vec![
+            (
+                vec![format!("apps.master_key_file={}", short.display())],
+                vec![],
+                "apps.master_key_file",
+            ),
+            (
+                vec!["apps.master_key_file=/nonexistent/master.key".into()],
+                vec![],
+                "apps.master_key_file",
+            ),
+            (
+                vec![],
+                vec![(
+                    "PUSHPACE__APPS__MASTER_KEY",
+                    "c2hvcnQtYnV0LXNlY3JldA==".into(),
+                )],
+                "apps.master_key",
+            ),
+            (
+                vec![format!("apps.master_key_file={}", good.display())],
+                vec![(
+                    "PUSHPACE__APPS__MASTER_KEY",
+                    MasterKey::generate().to_base64().to_string(),
+                )],
+                "not both",
+            ),
+            (
+                vec![format!("apps.old_master_key_files={}", good.display())],
+                vec![],
+                "need a current one",
+            ),
+            (
+                vec![
+                    format!("apps.master_key_file={}", good.display()),
+                    format!(
+                        "apps.old_master_key_files={},{}",
+                        good.display(),
+                        short.display()
+                    ),
+                ],
+                vec![],
+                "apps.old_master_key_files[1]",
+            ),
+        ];
+        for (overrides, env, expected) in cases {
+            let e = load(&overrides, &env).unwrap_err().to_string();
+            assert!(e.contains(expected), "{overrides:?} {env:?}: {e}");
+            assert!(!e.contains("c2hvcnQtYnV0LXNlY3JldA"), "{e}");
+        }
+    }
+}
