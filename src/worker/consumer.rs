@@ -20,6 +20,9 @@
 //! the scheduler drains the revoked partitions' in-flight sends.
 
 mod parking;
+mod undecodable;
+
+pub use undecodable::HeldPartition;
 
 use super::backlog::{Backlog, JobRef};
 use super::enrich::{self, Enricher, Lookups};
@@ -62,6 +65,8 @@ pub struct ConsumerStats {
     pub held_back: bool,
     /// Devices in each campaign's parked jobs (campaigns with none are left out).
     pub parked_devices: Arc<Vec<(Arc<str>, u64)>>,
+    /// Partitions held at a batch that cannot be decoded ([`undecodable`]).
+    pub undecodable: Arc<Vec<HeldPartition>>,
 }
 
 /// Flushes stats and progress now (the flusher's `flush_now`), for revocation and shutdown.
@@ -184,6 +189,7 @@ pub fn spawn(
     let consumer: BaseConsumer<Ctx> = config.create_with_context(ctx)?;
     consumer.subscribe(&[&kafka.topic])?;
     let refetcher = Refetcher::new(&kafka, &params.bootstrap)?;
+    let undecodable = undecodable::Undecodable::new(&kafka, &params.bootstrap);
     let commit_every = Duration::from_millis(kafka.commit_interval_ms);
     let drain_timeout = params.drain_timeout;
     let running = Running(params.running);
@@ -202,6 +208,7 @@ pub fn spawn(
         max_parked: params.max_parked_jobs,
         max_parked_bytes: params.max_parked_bytes,
         refetcher,
+        undecodable,
         live: params.live,
         stats: params.stats,
         flush_now: params.flush_now,
@@ -256,6 +263,7 @@ struct Loop {
     max_parked: usize,
     max_parked_bytes: usize,
     refetcher: Refetcher,
+    undecodable: undecodable::Undecodable,
     live: tokio::sync::watch::Receiver<SchedulerStats>,
     stats: tokio::sync::watch::Sender<ConsumerStats>,
     flush_now: FlushNow,
@@ -305,6 +313,10 @@ impl Loop {
                 self.unparked_at = now;
             }
             self.adjust_pauses(hold);
+            if self.undecodable.active() {
+                let assigned = self.with_state(|s, _| s.assigned.clone());
+                self.undecodable.bookkeeping(&assigned);
+            }
             self.publish_stats(hold);
             self.bookkeeping = (now, None);
         } else if let Some(partition) = read {
@@ -323,11 +335,17 @@ impl Loop {
         };
         match self.consumer.poll(wait) {
             None => {}
+            Some(Err(e)) if undecodable::is_undecodable(&e) => {
+                let assigned: Vec<i32> =
+                    self.with_state(|s, _| s.assigned.iter().copied().collect());
+                self.undecodable.on_error(&self.consumer, &e, &assigned);
+            }
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "kafka poll error (the client reconnects by itself)");
             }
             Some(Ok(msg)) => {
                 let (partition, offset) = (msg.partition(), msg.offset());
+                self.undecodable.read(partition, offset);
                 self.handle(&msg, partition, offset);
                 self.bookkeeping.1 = Some(partition);
             }
@@ -393,6 +411,10 @@ impl Loop {
             st.parked_devices = s.backlog.parked_devices();
             st
         });
+        let snapshot = ConsumerStats {
+            undecodable: self.undecodable.held(),
+            ..snapshot
+        };
         self.stats.send_if_modified(|old| {
             if *old != snapshot {
                 *old = snapshot;

@@ -47,7 +47,12 @@ pub struct Readiness {
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
     let (broker, postgres, migrations) = state.readiness().checks().await;
     let consumer = state.worker().map(|w| {
-        if *w.consumer_running.borrow() {
+        let held = w.consumer.borrow().undecodable.clone();
+        if !held.is_empty() {
+            // A partition held at a batch it cannot decode (docs/RELIABILITY.md).
+            let reasons: Vec<String> = held.iter().map(|h| h.to_string()).collect();
+            fail(reasons.join("; "))
+        } else if *w.consumer_running.borrow() {
             Check {
                 ok: true,
                 detail: "running".into(),
