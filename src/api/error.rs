@@ -17,8 +17,16 @@ pub const TOKEN_ENV: &str = "PUSHPACE__HTTP__ADMIN_TOKEN";
 pub enum ApiError {
     #[error("campaign {0:?} not found")]
     CampaignNotFound(String),
+    #[error("app {0:?} not found")]
+    AppNotFound(String),
     #[error("no route for {0}")]
     NoRoute(String),
+    /// The change conflicts with the state (an app that campaigns still send through).
+    #[error("{0}")]
+    Conflict(String),
+    /// What the request needs is not configured (the app registry's master key).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("missing credentials: send Authorization: Bearer <http.admin_token>")]
     Unauthorized,
     #[error("the admin token does not match")]
@@ -59,7 +67,11 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::CampaignNotFound(_) | ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::CampaignNotFound(_) | ApiError::AppNotFound(_) | ApiError::NoRoute(_) => {
+                StatusCode::NOT_FOUND
+            }
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden | ApiError::TokenNotConfigured => StatusCode::FORBIDDEN,
             ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,

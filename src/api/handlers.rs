@@ -21,6 +21,7 @@ use axum::Json;
 use chrono::{DateTime, Duration, Utc};
 use std::collections::HashMap;
 
+pub mod apps;
 mod dead_letter_page;
 mod health;
 mod patch;

@@ -6,6 +6,8 @@
 //!   `POST /api/campaigns/{id}/pause|resume|cancel`, `GET /api/campaigns/{id}/series`,
 //!   `GET /api/campaigns/{id}/events` (its settings history), `GET /api/summary`;
 //! - `GET /api/dead-letters` (admin token: it holds device tokens and payloads);
+//! - `GET /api/apps`, `GET|PUT|DELETE /api/apps/{id}`, `POST /api/apps/{id}/disable|enable`
+//!   (admin token: the app registry, [`crate::apps`]);
 //! - `GET /`: the dashboard, its script and the vendored uPlot, all built into the binary.
 //!
 //! Every request must name an allowed `Host` ([`auth::AllowedHosts`]), and every campaign
@@ -99,6 +101,8 @@ struct Inner {
     metrics: Option<PrometheusHandle>,
     /// `limiter.global_rate`, for the summary.
     global_rate: Option<f64>,
+    /// `[apps]`' master keys; `None`: apps can be read but not put.
+    keyring: Option<Arc<crate::apps::Keyring>>,
 }
 
 impl AppState {
@@ -126,6 +130,7 @@ impl AppState {
                 worker,
                 metrics,
                 global_rate: settings.limiter.global_rate().map(|r| r.as_f64()),
+                keyring: settings.apps.keyring.clone(),
             }),
         }
     }
@@ -150,6 +155,10 @@ impl AppState {
 
     pub(crate) fn worker(&self) -> Option<&WorkerView> {
         self.inner.worker.as_ref()
+    }
+
+    pub(crate) fn keyring(&self) -> Option<&crate::apps::Keyring> {
+        self.inner.keyring.as_deref()
     }
 }
 
@@ -197,6 +206,7 @@ pub fn router(state: AppState, hosts: auth::AllowedHosts) -> Router {
         .route("/api/campaigns/{id}/resume", post(handlers::resume))
         .route("/api/campaigns/{id}/cancel", post(lifecycle::cancel))
         .route("/api/dead-letters", get(handlers::dead_letters))
+        .merge(handlers::apps::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_admin,

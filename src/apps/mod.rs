@@ -14,6 +14,7 @@
 pub mod crypto;
 pub mod model;
 mod parse;
+pub mod store;
 #[cfg(test)]
 mod tests;
 
@@ -84,6 +85,9 @@ pub enum AppsError {
     NotFound(String),
     #[error("app {app:?} has no {kind} credentials")]
     NoCredentials { app: String, kind: AppKind },
+    /// The operator disabled the kind: nothing opens it until `enable`.
+    #[error("app {app:?} {kind} credentials are disabled")]
+    Disabled { app: String, kind: AppKind },
     /// DELETE while campaigns still send through the app.
     #[error("app {app:?} still has {campaigns} campaign(s) sending through it; pass force=true to delete it anyway")]
     InUse { app: String, campaigns: i64 },

@@ -4,6 +4,7 @@ mod adaptive;
 mod api;
 mod api_lifecycle;
 mod apns;
+mod apps;
 mod bad_input;
 mod broker;
 mod browser;
