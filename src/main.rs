@@ -84,6 +84,9 @@ enum Command {
     Campaign(pushpace::tools::cli_client::CampaignArgs),
     /// Per-second delivery statistics (through the API), and `stats prune` for retention.
     Stats(pushpace::tools::cli_client::StatsArgs),
+    /// The app registry through the HTTP API (`list`, `show`, `put`, `disable`, `enable`,
+    /// `delete`), and `rotate-master-key` against the database.
+    Apps(pushpace::tools::cli_client::AppsArgs),
     /// Print the effective settings (secrets hidden).
     Config,
     /// A loopback stand-in for the push provider, for load tests and the reliability
@@ -234,6 +237,13 @@ async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
             print!(
                 "{}",
                 pushpace::tools::cli_client::run_stats(&args, &settings).await?
+            );
+            Ok(())
+        }
+        Command::Apps(args) => {
+            print!(
+                "{}",
+                pushpace::tools::cli_client::run_apps(&args, &settings).await?
             );
             Ok(())
         }

@@ -45,6 +45,10 @@ impl Client {
         u
     }
 
+    pub(super) fn app_url(&self, id: &str) -> String {
+        format!("{}/api/apps/{}", self.base, encode_segment(id))
+    }
+
     pub(super) async fn call(
         &self,
         method: reqwest::Method,

@@ -1,6 +1,7 @@
-//! The `campaign` and `stats` commands: a client of the HTTP API (reqwest), printing
-//! tables, JSON (`--format json`), a Unicode sparkline, or an SVG chart (plotters).
-//! `stats prune` is the exception: retention runs against the database directly.
+//! The `campaign`, `stats` and `apps` commands: a client of the HTTP API (reqwest),
+//! printing tables, JSON (`--format json`), a Unicode sparkline, or an SVG chart (plotters).
+//! `stats prune` and `apps rotate-master-key` are the exceptions: they run against the
+//! database directly.
 //!
 //! The API is `--api URL` (or `PUSHPACE_API`), else `http://<http.bind>`. Changes need the
 //! admin token, taken from `PUSHPACE_ADMIN_TOKEN`, else from `http.admin_token`.
@@ -9,12 +10,14 @@ use crate::config::Settings;
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+mod apps;
 mod client;
 mod lifecycle;
 mod model;
 mod render;
 mod stats;
 
+pub use apps::{run_apps, AppsArgs, AppsCommand};
 pub use model::{CampaignOut, EtaOut, LiveOut, PointOut, ProgressOut};
 pub use stats::{run_stats, sparkline, stats_svg};
 

@@ -5,6 +5,7 @@
 //! check that a text holds none of a body's secrets.
 
 mod api;
+mod cli;
 mod rotation;
 mod store;
 
