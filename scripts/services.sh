@@ -175,11 +175,17 @@ case "${1:-start}" in
     ensure_python_peers
     "$ROOT/scripts/kafka-secure.sh" start
     "$ROOT/scripts/redis-tls.sh" start  # Redis over TLS + ACL (tests/it/distributed/tls.rs)
+    "$ROOT/scripts/pg-tls.sh" start     # PostgreSQL's test certificate (tests/it/store/tls.rs)
     ensure_chromium
     echo "PUSHPACE_TANSU_BIN=$TANSU_BIN"
     ;;
   postgres) ensure_build_deps; ensure_postgres ;;
-  stop) stop_all; "$ROOT/scripts/kafka-secure.sh" stop; "$ROOT/scripts/redis-tls.sh" stop ;;
+  stop)
+    stop_all
+    "$ROOT/scripts/kafka-secure.sh" stop
+    "$ROOT/scripts/redis-tls.sh" stop
+    "$ROOT/scripts/pg-tls.sh" stop
+    ;;
   restart-broker) stop_all; ensure_broker ;;
   *) echo "usage: $0 [start|postgres|stop|restart-broker]" >&2; exit 2 ;;
 esac

@@ -12,7 +12,6 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use pushpace::config::{LoadOptions, Settings};
 use pushpace::telemetry::{self, LogFormat};
-use secrecy::ExposeSecret;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -252,18 +251,15 @@ async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
 
 /// Creates the database if needed and applies pending migrations.
 async fn migrate(settings: &Settings) -> anyhow::Result<sqlx::PgPool> {
-    let url = settings.database.url.expose_secret();
     let shown = settings.database.url_for_display();
-    pushpace::store::ensure_database(url)
+    pushpace::store::ensure_database_with(settings.database.connect_options()?)
         .await
         .with_context(|| format!("creating the database at {shown}"))?;
-    let pool = pushpace::store::connect(
-        url,
-        settings.database.max_connections,
-        settings.database.connect_timeout(),
-    )
-    .await
-    .with_context(|| format!("connecting to {shown}"))?;
+    let pool = settings
+        .database
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {shown}"))?;
     pushpace::store::migrate(&pool)
         .await
         .context("applying migrations")?;

@@ -21,6 +21,7 @@
 //! and [`keys`] (named providers and their key material), `validate` (the checks).
 
 mod apps;
+mod database;
 pub mod kafka;
 mod keys;
 pub mod providers;
@@ -29,12 +30,15 @@ mod sender;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_database;
+#[cfg(test)]
 mod tests_kafka;
 #[cfg(test)]
 mod tests_providers;
 mod validate;
 
 pub use apps::AppsSettings;
+pub use database::DatabaseSettings;
 pub use sections::*;
 pub use sender::*;
 
@@ -215,6 +219,7 @@ impl Settings {
         let sections = providers::sections(&built)?;
         let mut settings: Settings = built.try_deserialize()?;
         settings.database.drop_unsupported_params();
+        settings.database.resolve_secrets()?;
         settings.kafka.resolve_secrets()?;
         settings.redis.resolve_secrets()?;
         settings.validate()?;

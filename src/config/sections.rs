@@ -1,4 +1,4 @@
-//! The plain sections of the settings: `[kafka]`, `[database]`, `[worker]`, `[limiter]`,
+//! The plain sections of the settings: `[kafka]`, `[worker]`, `[limiter]`,
 //! `[redis]`, `[hygiene]`, `[capping]`, `[http]`, and [`redact_url`] for what is shown.
 
 use super::by_name;
@@ -196,104 +196,6 @@ fn yes() -> bool {
 impl KafkaSettings {
     pub fn is_embedded(&self) -> bool {
         self.brokers == "embedded"
-    }
-}
-
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DatabaseSettings {
-    pub url: SecretString,
-    pub max_connections: u32,
-    pub connect_timeout_ms: u64,
-    /// `stats prune` rolls per-second counts older than this into per-minute ones.
-    #[serde(default = "default_rollup_after_ms")]
-    pub rollup_after_ms: u64,
-}
-
-/// 48 h: two days of per-second charts, then minutes.
-fn default_rollup_after_ms() -> u64 {
-    48 * 3_600_000
-}
-
-impl DatabaseSettings {
-    pub fn connect_timeout(&self) -> Duration {
-        Duration::from_millis(self.connect_timeout_ms)
-    }
-
-    /// [`DatabaseSettings::rollup_after_ms`] as a span.
-    pub fn rollup_after(&self) -> chrono::Duration {
-        i64::try_from(self.rollup_after_ms)
-            .ok()
-            .and_then(chrono::Duration::try_milliseconds)
-            .unwrap_or(chrono::Duration::MAX)
-    }
-
-    /// The URL with any password replaced, for logs and messages.
-    pub fn url_for_display(&self) -> String {
-        redact_url(self.url.expose_secret())
-    }
-
-    /// Removes the query parameters the PostgreSQL driver (sqlx) does not understand
-    /// (`sslpassword`, `passfile`, …): it would ignore them anyway, but it logs each one
-    /// with its value, which may be a secret. Their names alone are logged here.
-    pub(super) fn drop_unsupported_params(&mut self) {
-        let Ok(mut u) = url::Url::parse(self.url.expose_secret()) else {
-            return;
-        };
-        if u.query().is_none() {
-            return;
-        }
-        let (kept, dropped): (Vec<_>, Vec<_>) = u
-            .query_pairs()
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .partition(|(k, _)| PG_PARAMS.contains(&k.as_str()) || k.starts_with("options["));
-        if dropped.is_empty() {
-            return;
-        }
-        let names: Vec<&str> = dropped.iter().map(|(k, _)| k.as_str()).collect();
-        tracing::warn!(
-            parameters = %names.join(", "),
-            "database.url: ignoring query parameters the PostgreSQL driver does not support"
-        );
-        if kept.is_empty() {
-            u.set_query(None);
-        } else {
-            u.query_pairs_mut().clear().extend_pairs(kept);
-        }
-        self.url = SecretString::from(u.to_string());
-    }
-}
-
-/// The query parameters sqlx's PostgreSQL driver reads (besides `options[…]`).
-const PG_PARAMS: &[&str] = &[
-    "sslmode",
-    "ssl-mode",
-    "sslrootcert",
-    "ssl-root-cert",
-    "ssl-ca",
-    "sslcert",
-    "ssl-cert",
-    "sslkey",
-    "ssl-key",
-    "statement-cache-capacity",
-    "host",
-    "hostaddr",
-    "port",
-    "dbname",
-    "user",
-    "password",
-    "application_name",
-    "options",
-];
-
-impl std::fmt::Debug for DatabaseSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DatabaseSettings")
-            .field("url", &self.url_for_display())
-            .field("max_connections", &self.max_connections)
-            .field("connect_timeout_ms", &self.connect_timeout_ms)
-            .field("rollup_after_ms", &self.rollup_after_ms)
-            .finish()
     }
 }
 

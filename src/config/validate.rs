@@ -2,9 +2,8 @@
 //! error naming its key.
 
 use super::{
-    invalid, CappingSettings, ConfigError, DatabaseSettings, HttpSettings, HygieneSettings,
-    KafkaSettings, LimiterSettings, RedisSettings, SenderKind, SenderSettings, Settings,
-    WorkerSettings,
+    invalid, CappingSettings, ConfigError, HttpSettings, HygieneSettings, KafkaSettings,
+    LimiterSettings, RedisSettings, SenderKind, SenderSettings, Settings, WorkerSettings,
 };
 use crate::limiter::Rate;
 use secrecy::ExposeSecret;
@@ -96,28 +95,6 @@ impl KafkaSettings {
         self.validate_security()?;
         if !k.is_embedded() {
             crate::broker::check_properties(k)?;
-        }
-        Ok(())
-    }
-}
-
-impl DatabaseSettings {
-    fn validate(&self) -> Result<(), ConfigError> {
-        if crate::store::connect_options(self.url.expose_secret()).is_err() {
-            return Err(invalid(
-                "database.url",
-                "is not a postgres:// URL (value hidden: it may hold a password)",
-            ));
-        }
-        if self.max_connections == 0 {
-            return Err(invalid("database.max_connections", "must be > 0"));
-        }
-        // Below a day, per-second series (up to 24 h) would miss their rolled-up part.
-        if !(86_400_000..=31_536_000_000).contains(&self.rollup_after_ms) {
-            return Err(invalid(
-                "database.rollup_after_ms",
-                "must be 86400000–31536000000 (1 day to 365 days)",
-            ));
         }
         Ok(())
     }

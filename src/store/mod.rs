@@ -116,12 +116,13 @@ pub fn sqlx_is_transient(e: &sqlx::Error) -> bool {
 
 /// Whether a SQLSTATE names a condition that can pass: class 08 (connection exception),
 /// 40001 (serialization failure), 40P01 (deadlock), class 53 (insufficient resources),
+/// 57014 (a statement cancelled: a server's statement_timeout, or an operator),
 /// 57P01/57P02/57P03 (server shutting down or starting), 55P03 (lock not available).
 /// Data errors (class 22) and constraint violations (class 23) are not.
 pub fn sqlstate_is_transient(code: &str) -> bool {
     matches!(
         code,
-        "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03"
+        "40001" | "40P01" | "57014" | "57P01" | "57P02" | "57P03" | "55P03"
     ) || (code.len() == 5 && (code.starts_with("08") || code.starts_with("53")))
 }
 
@@ -257,7 +258,16 @@ pub async fn connect(
     max_connections: u32,
     connect_timeout: Duration,
 ) -> Result<PgPool, StoreError> {
-    let options = connect_options(url)?;
+    connect_with(connect_options(url)?, max_connections, connect_timeout).await
+}
+
+/// [`connect`] with options already made (`DatabaseSettings::connect_options`: TLS and
+/// password from `[database]`).
+pub async fn connect_with(
+    options: PgConnectOptions,
+    max_connections: u32,
+    connect_timeout: Duration,
+) -> Result<PgPool, StoreError> {
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(connect_timeout)
@@ -269,8 +279,12 @@ pub async fn connect(
 /// Creates the database named in `url` if it does not exist, connecting to the
 /// server's `postgres` maintenance database to do so.
 pub async fn ensure_database(url: &str) -> Result<(), StoreError> {
+    ensure_database_with(connect_options(url)?).await
+}
+
+/// [`ensure_database`] with options already made.
+pub async fn ensure_database_with(options: PgConnectOptions) -> Result<(), StoreError> {
     use sqlx::{ConnectOptions, Connection};
-    let options = connect_options(url)?;
     let name = options.get_database().unwrap_or("postgres").to_string();
     let mut conn = options.clone().database("postgres").connect().await?;
     let exists: bool =
@@ -332,7 +346,7 @@ mod tests {
     fn sqlstates_that_can_pass_are_transient() {
         for code in [
             "08000", "08003", "08006", "08001", "08004", "08P01", "40001", "40P01", "53000",
-            "53100", "53200", "53300", "53400", "57P01", "57P02", "57P03", "55P03",
+            "53100", "53200", "53300", "53400", "57014", "57P01", "57P02", "57P03", "55P03",
         ] {
             assert!(sqlstate_is_transient(code), "{code}");
         }
@@ -342,8 +356,8 @@ mod tests {
     fn data_errors_and_the_rest_are_not_transient() {
         for code in [
             "22021", "22001", "22P02", "22P05", "23505", "23514", "23502", "40000", "40002",
-            "40003", "42P01", "42601", "55000", "55006", "57014", "57P04", "XX000", "08", "530",
-            "", "0800000",
+            "40003", "42P01", "42601", "55000", "55006", "57P04", "XX000", "08", "530", "",
+            "0800000",
         ] {
             assert!(!sqlstate_is_transient(code), "{code}");
         }

@@ -29,7 +29,6 @@ use crate::tools::sink::{Sink, SinkConfig, SinkHandle};
 use crate::worker::{campaign_defaults, Worker, WorkerError};
 use chrono::{DateTime, Utc};
 use feed::Feeder;
-use secrecy::ExposeSecret;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
@@ -178,14 +177,8 @@ async fn broker_and_database(
         .await?;
         (None, settings.kafka.brokers.clone())
     };
-    let url = settings.database.url.expose_secret();
-    crate::store::ensure_database(url).await?;
-    let pool = crate::store::connect(
-        url,
-        settings.database.max_connections,
-        settings.database.connect_timeout(),
-    )
-    .await?;
+    crate::store::ensure_database_with(settings.database.connect_options()?).await?;
+    let pool = settings.database.connect().await?;
     crate::store::migrate(&pool).await?;
     Ok((embedded, bootstrap, pool))
 }

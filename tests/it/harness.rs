@@ -79,6 +79,12 @@ impl TestWorkerOptions {
         self
     }
 
+    /// This database (a pool on it and its URL) instead of a fresh one.
+    pub fn database(mut self, pool: PgPool, url: String) -> Self {
+        self.database = Some((pool, url));
+        self
+    }
+
     /// The sink's configuration (its starting behaviour, say).
     pub fn sink_config(mut self, config: SinkConfig) -> Self {
         self.target = Target::OwnSink(config);

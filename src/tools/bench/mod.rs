@@ -379,6 +379,17 @@ impl Ctx {
         }
     }
 
+    /// A pool on database `name` of the configured server, with `[database]`'s TLS and
+    /// password.
+    async fn database_pool(
+        &self,
+        name: &str,
+        max_connections: u32,
+    ) -> Result<sqlx::PgPool, crate::store::StoreError> {
+        let options = self.settings.database.connect_options_for(name)?;
+        crate::store::connect_with(options, max_connections, Duration::from_secs(5)).await
+    }
+
     async fn produce(&self, topic: &str, plan: &ProducePlan) -> Result<(), BenchError> {
         self.produce_styled(topic, plan, &produce::TokenStyle::Plain)
             .await
@@ -503,7 +514,10 @@ impl Ctx {
         let mut w = self.start_worker(name, topic, db, &extra).await?;
         let timed = w.time_until(name, total, Duration::from_secs(600)).await;
         let flush = w.sample().await.unwrap_or_default();
-        let server = server_statements_per_flush(&self.database_url(db), flush.flushes).await;
+        let server = match self.database_pool(db, 1).await {
+            Ok(pool) => server_statements_per_flush(&pool, flush.flushes).await,
+            Err(_) => None,
+        };
         let peak = w.stop().await;
         // The sink's own CPU, to tell which side of the loopback limits the rate.
         let (sink_requests, sink_cpu) = match sink {
@@ -598,9 +612,7 @@ impl Ctx {
     /// Drops the bench databases. Topics are left in place: tansu 0.6.0 answers a
     /// DeleteTopics request for one topic by deleting every topic it has.
     async fn clean_up(&self, databases: &[String]) {
-        let Ok(pool) =
-            crate::store::connect(&self.database_url("postgres"), 1, Duration::from_secs(5)).await
-        else {
+        let Ok(pool) = self.database_pool("postgres", 1).await else {
             return;
         };
         for db in databases {

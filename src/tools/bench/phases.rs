@@ -110,7 +110,7 @@ impl Ctx {
         }
         let peak = w.stop().await;
         // The fast campaign's deliveries and their span, from its per-second rows.
-        let pool = crate::store::connect(&self.database_url(db), 1, Duration::from_secs(5)).await?;
+        let pool = self.database_pool(db, 1).await?;
         let (fast_sent, fast_span): (i64, f64) = sqlx::query_as(
             "SELECT coalesce(sum(sent), 0)::int8, \
                     coalesce(extract(epoch FROM max(second) - min(second))::float8 + 1, 0) \
@@ -242,7 +242,7 @@ impl Ctx {
         let timed = w.time_until(name, total, limit).await;
         let peak = w.stop().await;
         let t = timed?;
-        let pool = crate::store::connect(&self.database_url(db), 2, Duration::from_secs(5)).await?;
+        let pool = self.database_pool(db, 2).await?;
         let rows: Vec<(String, i64, i64)> = sqlx::query_as(
             "SELECT campaign_id, extract(epoch FROM second)::int8, sent FROM delivery_seconds ORDER BY campaign_id, second",
         )

@@ -340,20 +340,17 @@ pub(super) async fn sink_requests(port: u16) -> Option<u64> {
 }
 
 /// Server-side statements per flush from pg_stat_statements, when it is loaded.
-pub(super) async fn server_statements_per_flush(url: &str, flushes: f64) -> Option<f64> {
+pub(super) async fn server_statements_per_flush(pool: &sqlx::PgPool, flushes: f64) -> Option<f64> {
     if flushes <= 0.0 {
         return None;
     }
-    let pool = crate::store::connect(url, 1, Duration::from_secs(5))
-        .await
-        .ok()?;
     let calls: Option<i64> = sqlx::query_scalar(
         "SELECT sum(s.calls)::int8 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
          WHERE d.datname = current_database() \
            AND (s.query ILIKE '%delivery_seconds%' OR s.query ILIKE '%job_progress%') \
            AND s.query ILIKE 'WITH marker%'",
     )
-    .fetch_one(&pool)
+    .fetch_one(pool)
     .await
     .ok()
     .flatten();

@@ -216,12 +216,8 @@ async fn rotate(settings: &Settings, json: bool) -> Result<String, CliError> {
         .keyring
         .as_deref()
         .ok_or_else(|| CliError::Invalid(crate::apps::AppsError::NoMasterKey.to_string()))?;
-    let pool = crate::store::connect(
-        secrecy::ExposeSecret::expose_secret(&settings.database.url),
-        1,
-        settings.database.connect_timeout(),
-    )
-    .await?;
+    let options = settings.database.connect_options()?;
+    let pool = crate::store::connect_with(options, 1, settings.database.connect_timeout()).await?;
     let report = crate::apps::store::rotate_master_key(&pool, keyring, Some("cli"))
         .await
         .map_err(|e| CliError::Invalid(format!("rotating the master key: {e}")));

@@ -5,7 +5,6 @@ use super::client::{decode, Client};
 use super::render::{number, table};
 use super::{CampaignOut, CliError, OutputFormat, PointOut, StatsArgs, StatsCommand};
 use crate::config::Settings;
-use secrecy::ExposeSecret;
 use std::fmt::Write as _;
 
 /// Runs `stats ID` or `stats prune` and returns what to print.
@@ -65,12 +64,8 @@ async fn prune(
         .map_err(|e| CliError::Invalid(format!("--older-than: {e}")))?;
     let dead_letters_span = crate::api::parse_duration(dead_letters_older_than)
         .map_err(|e| CliError::Invalid(format!("--dead-letters-older-than: {e}")))?;
-    let pool = crate::store::connect(
-        settings.database.url.expose_secret(),
-        1,
-        settings.database.connect_timeout(),
-    )
-    .await?;
+    let options = settings.database.connect_options()?;
+    let pool = crate::store::connect_with(options, 1, settings.database.connect_timeout()).await?;
     // Pruning first: seconds about to be deleted are not rolled up for nothing.
     let rollup_after = settings.database.rollup_after();
     let report = async {
