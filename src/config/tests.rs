@@ -4,7 +4,7 @@ use super::*;
 use crate::limiter::Algorithm;
 use secrecy::ExposeSecret;
 
-fn load(env: &[(&str, &str)], overrides: &[&str]) -> Result<Settings, ConfigError> {
+pub(super) fn load(env: &[(&str, &str)], overrides: &[&str]) -> Result<Settings, ConfigError> {
     let env: Vec<(String, String)> = env
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -4,20 +4,7 @@ use super::*;
 use sqlx::postgres::PgSslMode;
 
 fn load(env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-    let env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let lookup = env.clone();
-    Settings::load_with_env(
-        &LoadOptions {
-            config_dir: Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config")),
-            environment: None,
-            overrides: Vec::new(),
-        },
-        move |k| lookup.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
-        env.into_iter(),
-    )
+    super::tests::load(env, &[])
 }
 
 fn file_with(text: &str) -> tempfile::NamedTempFile {
