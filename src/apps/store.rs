@@ -285,6 +285,18 @@ pub async fn page(
     Ok(Page { items, next })
 }
 
+/// Locks app `id`'s row for the rest of `tx`; [`AppsError::NotFound`] if there is none.
+async fn lock_app(tx: &mut Transaction<'_, Postgres>, id: &str) -> Result<(), AppsError> {
+    let found: Option<String> = sqlx::query_scalar("SELECT id FROM apps WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    match found {
+        Some(_) => Ok(()),
+        None => Err(AppsError::NotFound(id.to_string())),
+    }
+}
+
 /// Disables (`enable` false) or enables every kind of an app. Enabling also ends a
 /// halt: the operator says the credentials are fixed.
 pub async fn set_enabled(
@@ -295,13 +307,7 @@ pub async fn set_enabled(
 ) -> Result<AppView, AppsError> {
     check_id(id)?;
     let mut tx = as_actor(pool, actor).await?;
-    let found: Option<String> = sqlx::query_scalar("SELECT id FROM apps WHERE id = $1 FOR UPDATE")
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?;
-    if found.is_none() {
-        return Err(AppsError::NotFound(id.to_string()));
-    }
+    lock_app(&mut tx, id).await?;
     let status = if enable { "active" } else { "disabled" };
     sqlx::query(
         "UPDATE app_credentials SET status = $2, halted_reason = NULL \
@@ -337,13 +343,7 @@ pub async fn delete(
 ) -> Result<i64, AppsError> {
     check_id(id)?;
     let mut tx = as_actor(pool, actor).await?;
-    let found: Option<String> = sqlx::query_scalar("SELECT id FROM apps WHERE id = $1 FOR UPDATE")
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?;
-    if found.is_none() {
-        return Err(AppsError::NotFound(id.to_string()));
-    }
+    lock_app(&mut tx, id).await?;
     let campaigns = sending_campaigns(&mut *tx, id).await?;
     if campaigns > 0 && !force {
         return Err(AppsError::InUse {
