@@ -103,6 +103,8 @@ struct Inner {
     global_rate: Option<f64>,
     /// `[apps]`' master keys; `None`: apps can be read but not put.
     keyring: Option<Arc<crate::apps::Keyring>>,
+    /// What the apps' providers take from `[sender]` and `[apps]` (for `check`).
+    app_defaults: crate::apps::provider::AppDefaults,
 }
 
 impl AppState {
@@ -131,6 +133,7 @@ impl AppState {
                 metrics,
                 global_rate: settings.limiter.global_rate().map(|r| r.as_f64()),
                 keyring: settings.apps.keyring.clone(),
+                app_defaults: crate::apps::provider::AppDefaults::from_settings(settings),
             }),
         }
     }
@@ -159,6 +162,10 @@ impl AppState {
 
     pub(crate) fn keyring(&self) -> Option<&crate::apps::Keyring> {
         self.inner.keyring.as_deref()
+    }
+
+    pub(crate) fn app_defaults(&self) -> &crate::apps::provider::AppDefaults {
+        &self.inner.app_defaults
     }
 }
 

@@ -5,15 +5,19 @@
 //!   and AES-256-GCM sealing bound to the app and kind.
 //! - [`model`]: the credentials of each kind, their checks (each refusal names its
 //!   field) and their fingerprints; no `Debug` shows a secret.
+//! - [`provider`]: opened credentials as a provider spec, for the adapters.
+//! - [`check`]: each kind's authentication round trip with the app's credentials.
 //! - [`store`]: put, get, list, disable, enable, delete, the master-key rotation and
 //!   opening a row for use (a row that does not open halts that app's kind).
 //!
 //! Jobs cannot name an app yet: nothing sends through the registry in this slice. The
 //! triggers NOTIFY [`CHANNEL`] so that the worker side can LISTEN when it comes.
 
+pub mod check;
 pub mod crypto;
 pub mod model;
 mod parse;
+pub mod provider;
 pub mod store;
 #[cfg(test)]
 mod tests;

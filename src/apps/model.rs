@@ -82,6 +82,9 @@ pub struct FcmSettings {
     pub project_id: String,
     pub client_email: String,
     pub token_uri: String,
+    /// Over `https://fcm.googleapis.com` (`https://host[:port]`): a private gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     #[serde(flatten)]
     pub limits: Limits,
 }

@@ -280,7 +280,7 @@ fn endpoint(field: &str, raw: &str) -> Result<String, FieldError> {
 }
 
 fn fcm(o: &Obj) -> Result<Credentials, FieldError> {
-    o.deny_unknown(&with_limits(&["service_account"]))?;
+    o.deny_unknown(&with_limits(&["service_account", "endpoint"]))?;
     let field = o.name("service_account");
     let text = match o.get("service_account") {
         None => return Err(FieldError::new(field, "is required")),
@@ -300,6 +300,10 @@ fn fcm(o: &Obj) -> Result<Credentials, FieldError> {
             project_id: account.project_id,
             client_email: account.client_email,
             token_uri: account.token_uri,
+            endpoint: o
+                .text_opt("endpoint")?
+                .map(|e| endpoint(&o.name("endpoint"), e))
+                .transpose()?,
             limits: o.limits()?,
         },
     }))

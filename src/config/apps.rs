@@ -6,6 +6,9 @@
 //! - `old_master_key_files`: keys that sealed rows still to be re-sealed by a rotation
 //!   (in a file a list; in the environment or `--set`, comma-separated).
 //!
+//! - `ca_file`: extra trusted roots (PEM) for the apps' providers, besides the webpki
+//!   roots: a private gateway, or the loopback mocks.
+//!
 //! The keys are read and checked once, at load, into a [`Keyring`]; a bad one fails
 //! start-up naming its key and never its content. Without a master key the registry
 //! can still be listed, but nothing can be sealed or opened. `Debug` shows key ids only.
@@ -22,6 +25,8 @@ use std::sync::Arc;
 pub struct AppsSettings {
     /// `None`: no master key is configured.
     pub keyring: Option<Arc<Keyring>>,
+    /// `ca_file`'s roots, trusted by every app's provider besides the webpki roots.
+    pub ca_pem: Option<Arc<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for AppsSettings {
@@ -29,6 +34,7 @@ impl std::fmt::Debug for AppsSettings {
         let ids = self.keyring.as_ref().map(|k| k.ids());
         f.debug_struct("AppsSettings")
             .field("master_key_ids", &ids)
+            .field("ca_pem_bytes", &self.ca_pem.as_ref().map(|c| c.len()))
             .finish()
     }
 }
@@ -42,6 +48,8 @@ struct RawApps {
     master_key_file: Option<PathBuf>,
     #[serde(default, deserialize_with = "path_list")]
     old_master_key_files: Vec<PathBuf>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
 }
 
 /// A list of paths, from a TOML array or a comma-separated string (environment, flags).
@@ -77,6 +85,12 @@ impl TryFrom<RawApps> for AppsSettings {
     type Error = String;
 
     fn try_from(raw: RawApps) -> Result<Self, String> {
+        let ca_pem = raw
+            .ca_file
+            .as_deref()
+            .map(|p| super::keys::read_ca(p).map_err(|e| format!("apps.ca_file: {e}")))
+            .transpose()?
+            .map(Arc::new);
         let current = match (&raw.master_key, &raw.master_key_file) {
             (Some(_), Some(_)) => {
                 return Err("apps.master_key_file: set apps.master_key_file or \
@@ -105,12 +119,16 @@ impl TryFrom<RawApps> for AppsSettings {
                         .into(),
                 );
             }
-            return Ok(AppsSettings::default());
+            return Ok(AppsSettings {
+                keyring: None,
+                ca_pem,
+            });
         };
         let keyring =
             Keyring::new(current, old).map_err(|e| format!("apps.old_master_key_files: {e}"))?;
         Ok(AppsSettings {
             keyring: Some(Arc::new(keyring)),
+            ca_pem,
         })
     }
 }

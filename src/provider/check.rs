@@ -75,6 +75,11 @@ pub async fn check(settings: &Settings, name: &str) -> Result<String, ProviderEr
             problem: format!("no such provider; configured: {}", known.join(", ")),
         });
     };
+    check_one(p).await
+}
+
+/// One provider's authentication round trip (a configured one, or an app's).
+pub async fn check_one(p: &NamedProvider) -> Result<String, ProviderError> {
     match &p.spec {
         ProviderSpec::Apns(s) => super::apns::check(s).await,
         ProviderSpec::Fcm(s) => super::fcm::check(s).await,

@@ -7,6 +7,8 @@
 //!   `x-next-after`, absent on the last page) and `GET /api/apps/{id}`;
 //! - `POST /api/apps/{id}/disable|enable` (enable also ends a halt);
 //! - `DELETE /api/apps/{id}[?force=true]`: 409 while campaigns still send through it.
+//! - `POST /api/apps/{id}/check`: each kind's authentication round trip (200 with a
+//!   result per kind, `ok` false naming what failed; 404 for an unknown app).
 //!
 //! Answers show fingerprints, settings and statuses, never a secret: the views come from
 //! the store's reads, which do not open a sealed row.
@@ -32,6 +34,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/apps/{id}", get(show).put(put).delete(delete))
         .route("/api/apps/{id}/disable", post(disable))
         .route("/api/apps/{id}/enable", post(enable))
+        .route("/api/apps/{id}/check", post(check))
 }
 
 impl From<AppsError> for ApiError {
@@ -152,6 +155,22 @@ async fn enable(
     headers: HeaderMap,
 ) -> Result<Json<AppView>, ApiError> {
     set_enabled(&state, &id, true, &headers).await
+}
+
+/// What a check answers.
+#[derive(serde::Serialize)]
+struct Checked {
+    id: String,
+    ok: bool,
+    kinds: Vec<crate::apps::check::KindCheck>,
+}
+
+async fn check(State(state): State<AppState>, AppId(id): AppId) -> Result<Json<Checked>, ApiError> {
+    let kinds =
+        crate::apps::check::check(state.pool(), state.keyring(), state.app_defaults(), &id).await?;
+    let ok = kinds.iter().all(|k| k.ok);
+    tracing::info!(app = %id, ok, "app credentials checked through the API");
+    Ok(Json(Checked { id, ok, kinds }))
 }
 
 /// What a DELETE answers.

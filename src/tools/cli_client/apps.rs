@@ -1,4 +1,4 @@
-//! `pushpace apps list|show|put|disable|enable|delete`: thin clients of `/api/apps`
+//! `pushpace apps list|show|put|check|disable|enable|delete`: thin clients of `/api/apps`
 //! (every call with the admin token), and `pushpace apps rotate-master-key`, which
 //! re-seals the registry's rows directly in the database with `[apps]`' keys.
 //!
@@ -31,6 +31,9 @@ pub enum AppsCommand {
     Show { id: String },
     /// Creates or replaces an app: its kinds become exactly those given.
     Put(Box<PutArgs>),
+    /// Each kind's authentication round trip with the app's credentials (as
+    /// `providers check`); exits non-zero if one fails.
+    Check { id: String },
     /// Stops every kind of an app from sending.
     Disable { id: String },
     /// Lets an app send again; also ends a halt (fix its credentials first).
@@ -71,6 +74,9 @@ pub struct PutArgs {
     /// The Firebase service-account JSON file.
     #[arg(long, value_name = "FILE")]
     pub fcm_service_account: Option<PathBuf>,
+    /// Over https://fcm.googleapis.com: a private gateway.
+    #[arg(long, requires = "fcm_service_account")]
+    pub fcm_endpoint: Option<String>,
     /// The VAPID private key (P-256 PEM).
     #[arg(long, value_name = "FILE")]
     pub vapid_key: Option<PathBuf>,
@@ -92,6 +98,7 @@ pub async fn run_apps(args: &AppsArgs, settings: &Settings) -> Result<String, Cl
         AppsCommand::Put(p) => (Method::PUT, client.app_url(&p.id), Some(put_body(p)?)),
         AppsCommand::Disable { id } => (Method::POST, client.app_url(id) + "/disable", None),
         AppsCommand::Enable { id } => (Method::POST, client.app_url(id) + "/enable", None),
+        AppsCommand::Check { id } => (Method::POST, client.app_url(id) + "/check", None),
         AppsCommand::Delete { id, force } => {
             let url = client.app_url(id) + if *force { "?force=true" } else { "" };
             (Method::DELETE, url, None)
@@ -105,7 +112,31 @@ pub async fn run_apps(args: &AppsArgs, settings: &Settings) -> Result<String, Cl
     match &args.command {
         AppsCommand::List => Ok(apps_table(&decode::<Vec<Value>>(&url, &bytes)?)),
         AppsCommand::Delete { id, .. } => Ok(format!("app {id} deleted\n")),
+        AppsCommand::Check { .. } => check_report(&decode(&url, &bytes)?),
         _ => Ok(app_details(&decode(&url, &bytes)?)),
+    }
+}
+
+/// One line per kind; an error (so a non-zero exit) when one failed.
+fn check_report(answer: &Value) -> Result<String, CliError> {
+    let mut out = String::new();
+    for k in answer["kinds"].as_array().into_iter().flatten() {
+        let verdict = if k["ok"] == Value::Bool(true) {
+            "ok"
+        } else {
+            "FAILED"
+        };
+        out.push_str(&format!(
+            "{} {}: {verdict}: {}\n",
+            text(&answer["id"]),
+            text(&k["kind"]),
+            text(&k["detail"])
+        ));
+    }
+    if answer["ok"] == Value::Bool(true) {
+        Ok(out)
+    } else {
+        Err(CliError::CheckFailed(out.trim_end().to_string()))
     }
 }
 
@@ -140,7 +171,11 @@ fn put_body(p: &PutArgs) -> Result<Value, CliError> {
     }
     if let Some(path) = &p.fcm_service_account {
         let text = read("--fcm-service-account", path)?;
-        body.insert("fcm".into(), json!({ "service_account": text }));
+        let mut fcm = json!({ "service_account": text });
+        if let Some(e) = &p.fcm_endpoint {
+            fcm["endpoint"] = Value::String(e.clone());
+        }
+        body.insert("fcm".into(), fcm);
     }
     if let Some(path) = &p.vapid_key {
         body.insert(

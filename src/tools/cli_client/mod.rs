@@ -50,6 +50,9 @@ pub enum CliError {
     NoToken,
     #[error("{0}")]
     Invalid(String),
+    /// A check that ran and failed: what it printed, then a non-zero exit.
+    #[error("{0}")]
+    CheckFailed(String),
     #[error("writing {path}: {source}")]
     Write {
         path: PathBuf,

@@ -5,6 +5,7 @@
 //! check that a text holds none of a body's secrets.
 
 mod api;
+mod check;
 mod cli;
 mod rotation;
 mod store;
@@ -18,6 +19,13 @@ use std::sync::OnceLock;
 pub fn p256_pem() -> String {
     let key = p256::SecretKey::random(&mut rand_core());
     key.to_pkcs8_pem(LineEnding::LF).unwrap().to_string()
+}
+
+/// The public half of a P-256 PKCS#8 PEM, as SPKI PEM (what the APNs mock verifies with).
+pub fn public_pem(private_pem: &str) -> String {
+    use p256::pkcs8::{DecodePrivateKey, EncodePublicKey};
+    let key = p256::SecretKey::from_pkcs8_pem(private_pem).unwrap();
+    key.public_key().to_public_key_pem(LineEnding::LF).unwrap()
 }
 
 fn rand_core() -> rsa::rand_core::OsRng {

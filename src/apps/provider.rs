@@ -1,0 +1,133 @@
+//! An app's opened credentials as a provider spec, the same typed spec a
+//! `[providers.<name>]` section checks into, so that every adapter (and
+//! `providers check`) serves apps unchanged.
+
+use super::model::{Credentials, Limits};
+use super::AppKind;
+use crate::limiter::Rate;
+use crate::provider::ceiling::CeilingParams;
+use crate::provider::settings::{
+    ApnsSpec, CommonSpec, FcmSpec, NamedProvider, ProviderSpec, WebPushSpec,
+};
+use crate::provider::ProviderError;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// FCM's endpoint unless an app names a private gateway.
+pub const FCM_ENDPOINT: &str = "https://fcm.googleapis.com";
+/// HTTP/2 connections per app pool: as `[providers.*] connections` by default.
+pub const CONNECTIONS: usize = 2;
+/// APNs JWT re-signing: 50 min, inside Apple's 20–60 min window (as the providers').
+pub const APNS_TOKEN_REFRESH: Duration = Duration::from_secs(3000);
+/// FCM access tokens are refreshed this long before they expire (as the providers').
+pub const FCM_REFRESH_MARGIN: Duration = Duration::from_secs(300);
+/// VAPID JWT lifetime: 12 h, half the 24 h limit (as the providers').
+pub const VAPID_LIFETIME: Duration = Duration::from_secs(43_200);
+
+/// What an app's provider takes from the worker rather than from the app.
+#[derive(Clone, Debug)]
+pub struct AppDefaults {
+    /// `[sender] timeout_ms`.
+    pub timeout: Duration,
+    /// `[sender] max_in_flight`, unless the app's kind sets its own.
+    pub max_in_flight: usize,
+    /// `apps.ca_file`'s roots.
+    pub ca_pem: Option<Arc<Vec<u8>>>,
+}
+
+impl AppDefaults {
+    /// From `[sender]` and `[apps]`.
+    pub fn from_settings(settings: &crate::config::Settings) -> AppDefaults {
+        AppDefaults {
+            timeout: Duration::from_millis(settings.sender.timeout_ms),
+            max_in_flight: settings.sender.max_in_flight,
+            ca_pem: settings.apps.ca_pem.clone(),
+        }
+    }
+}
+
+/// The provider name an app's kind sends as (`app/<id>/<kind>`), in logs and metrics.
+pub fn provider_name(app_id: &str, kind: AppKind) -> String {
+    format!("app/{app_id}/{kind}")
+}
+
+/// The spec of `app_id`'s opened `creds`.
+pub fn named_provider(
+    app_id: &str,
+    creds: &Credentials,
+    defaults: &AppDefaults,
+) -> Result<NamedProvider, ProviderError> {
+    let name = provider_name(app_id, creds.kind());
+    let common = common(&name, creds.limits(), defaults)?;
+    let spec = match creds {
+        Credentials::Apns(c) => ProviderSpec::Apns(ApnsSpec {
+            name: name.clone(),
+            team_id: c.settings.team_id.clone(),
+            key_id: c.settings.key_id.clone(),
+            key_pem: c.key.clone(),
+            topic: c.settings.topic.clone(),
+            environment: c.settings.environment(),
+            endpoint: c.settings.endpoint().to_string(),
+            connections: CONNECTIONS,
+            token_refresh: APNS_TOKEN_REFRESH,
+            common,
+        }),
+        Credentials::Fcm(c) => ProviderSpec::Fcm(FcmSpec {
+            name: name.clone(),
+            service_account: c.service_account.clone(),
+            endpoint: c
+                .settings
+                .endpoint
+                .clone()
+                .unwrap_or_else(|| FCM_ENDPOINT.to_string()),
+            connections: CONNECTIONS,
+            token_refresh_margin: FCM_REFRESH_MARGIN,
+            common,
+        }),
+        Credentials::WebPush(c) => ProviderSpec::WebPush(WebPushSpec {
+            name: name.clone(),
+            vapid_key_pem: c.vapid_key.clone(),
+            vapid_subject: c.settings.subject.clone(),
+            vapid_lifetime: VAPID_LIFETIME,
+            common,
+        }),
+    };
+    Ok(NamedProvider { name, spec })
+}
+
+fn common(name: &str, l: &Limits, d: &AppDefaults) -> Result<CommonSpec, ProviderError> {
+    let fail = |problem: String| ProviderError::Config {
+        provider: name.to_string(),
+        problem,
+    };
+    let max_rate = match l.max_rate {
+        None => None,
+        Some(r) if r == 0.0 => None,
+        Some(r) => Some(Rate::per_second(r).map_err(|e| fail(format!("max_rate: {e}")))?),
+    };
+    let adaptive = if l.adaptive == Some(false) {
+        None
+    } else {
+        let base = CeilingParams::default();
+        Some(CeilingParams {
+            beta: l.adaptive_decrease.unwrap_or(base.beta),
+            alpha: l.adaptive_increase.unwrap_or(base.alpha),
+            floor: l.adaptive_floor.unwrap_or(base.floor),
+            latency_target: match l.latency_target_ms {
+                None => base.latency_target,
+                Some(0) => None,
+                Some(ms) => Some(Duration::from_millis(ms)),
+            },
+        })
+    };
+    Ok(CommonSpec {
+        ca_pem: d.ca_pem.as_ref().map(|c| c.to_vec()),
+        ca_file: None,
+        max_rate,
+        timeout: d.timeout,
+        max_in_flight: l.max_in_flight.map_or(d.max_in_flight, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        }),
+        adaptive,
+    })
+}
