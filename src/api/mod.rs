@@ -179,15 +179,24 @@ impl<S: Send + Sync> FromRequestParts<S> for CampaignId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(id) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::InvalidId {
-                field: "id",
-                reason: e.body_text(),
-            })?;
-        check_campaign_id("id", &id)?;
-        Ok(CampaignId(id))
+        path_id(parts, state).await.map(CampaignId)
     }
+}
+
+/// The `{id}` of a path (a campaign's or an app's), checked with the job format's id
+/// rule: a bad one is a 400 naming `id`.
+pub(crate) async fn path_id<S: Send + Sync>(
+    parts: &mut Parts,
+    state: &S,
+) -> Result<String, ApiError> {
+    let Path(id) = Path::<String>::from_request_parts(parts, state)
+        .await
+        .map_err(|e| ApiError::InvalidId {
+            field: "id",
+            reason: e.body_text(),
+        })?;
+    check_campaign_id("id", &id)?;
+    Ok(id)
 }
 
 /// Checks a campaign id given as `field` with the job format's rule.

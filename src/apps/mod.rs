@@ -6,6 +6,8 @@
 //! - [`model`]: the credentials of each kind, their checks (each refusal names its
 //!   field) and their fingerprints; no `Debug` shows a secret.
 //! - [`provider`]: opened credentials as a provider spec, for the adapters.
+//! - [`watcher`]: the apps a worker's jobs name, opened and kept fresh through LISTEN
+//!   (within a second of a change) with a fallback re-read.
 //! - [`check`]: each kind's authentication round trip with the app's credentials.
 //! - [`store`]: put, get, list, disable, enable, delete, the master-key rotation and
 //!   opening a row for use (a row that does not open halts that app's kind).
@@ -21,6 +23,7 @@ pub mod provider;
 pub mod store;
 #[cfg(test)]
 mod tests;
+pub mod watcher;
 
 pub use crypto::{CryptoError, Keyring, MasterKey};
 pub use model::{AppInput, Credentials};

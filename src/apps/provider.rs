@@ -101,8 +101,7 @@ fn common(name: &str, l: &Limits, d: &AppDefaults) -> Result<CommonSpec, Provide
         problem,
     };
     let max_rate = match l.max_rate {
-        None => None,
-        Some(r) if r == 0.0 => None,
+        None | Some(0.0) => None,
         Some(r) => Some(Rate::per_second(r).map_err(|e| fail(format!("max_rate: {e}")))?),
     };
     let adaptive = if l.adaptive == Some(false) {

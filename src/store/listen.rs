@@ -171,7 +171,8 @@ async fn server_now(pool: &PgPool) -> Result<DateTime<Utc>, StoreError> {
     Ok(sqlx::query_scalar("SELECT now()").fetch_one(pool).await?)
 }
 
-enum Event {
+/// What a LISTEN task hands over.
+pub(crate) enum Event {
     Changed(String),
     /// The listener (re)connected: notifications may have been missed.
     Resync,
@@ -336,7 +337,7 @@ async fn run(
     mut publisher: Publisher,
 ) {
     let (tx, mut rx) = mpsc::channel(1024);
-    let listener = AbortOnDrop(tokio::spawn(listen(pool, config.clone(), tx)));
+    let listener = AbortOnDrop(tokio::spawn(listen(pool, CHANNEL, config.clone(), tx)));
     let mut refresh = tokio::time::interval(config.refresh_interval);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     refresh.tick().await; // the first tick is immediate; start() has just loaded
@@ -354,7 +355,7 @@ async fn run(
     drop(listener);
 }
 
-struct AbortOnDrop(JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -362,16 +363,24 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn listen(pool: PgPool, config: WatcherConfig, tx: mpsc::Sender<Event>) {
+/// LISTENs on `channel` until `tx` closes or the pool does, reconnecting with backoff;
+/// a [`Event::Resync`] after every (re)connection. Its own task: `try_recv` must not be
+/// cancelled mid-message.
+pub(crate) async fn listen(
+    pool: PgPool,
+    channel: &'static str,
+    config: WatcherConfig,
+    tx: mpsc::Sender<Event>,
+) {
     let mut backoff = config.reconnect_min;
     let mut outage = false;
     loop {
-        let mut listener = match subscribe(&pool).await {
+        let mut listener = match subscribe(&pool, channel).await {
             Ok(listener) => listener,
             Err(sqlx::Error::PoolClosed) => return,
             Err(e) => {
                 if !outage {
-                    tracing::warn!(error = %e, channel = CHANNEL, "cannot LISTEN; retrying");
+                    tracing::warn!(error = %e, channel, "cannot LISTEN; retrying");
                     outage = true;
                 }
                 tokio::time::sleep(backoff).await;
@@ -380,7 +389,7 @@ async fn listen(pool: PgPool, config: WatcherConfig, tx: mpsc::Sender<Event>) {
             }
         };
         if outage {
-            tracing::info!(channel = CHANNEL, "listening again");
+            tracing::info!(channel, "listening again");
             outage = false;
         }
         backoff = config.reconnect_min;
@@ -396,7 +405,7 @@ async fn listen(pool: PgPool, config: WatcherConfig, tx: mpsc::Sender<Event>) {
                 Err(sqlx::Error::PoolClosed) => return,
                 Err(e) => {
                     if !outage {
-                        tracing::warn!(error = %e, channel = CHANNEL, "LISTEN connection failed; reconnecting");
+                        tracing::warn!(error = %e, channel, "LISTEN connection failed; reconnecting");
                         outage = true;
                     }
                     break;
@@ -411,9 +420,9 @@ async fn listen(pool: PgPool, config: WatcherConfig, tx: mpsc::Sender<Event>) {
     }
 }
 
-async fn subscribe(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+async fn subscribe(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(CHANNEL).await?;
+    listener.listen(channel).await?;
     Ok(listener)
 }
 

@@ -20,7 +20,7 @@ use crate::apps::store::{self, AppView};
 use crate::apps::AppsError;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -62,17 +62,7 @@ impl<S: Send + Sync> FromRequestParts<S> for AppId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(id) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::InvalidId {
-                field: "id",
-                reason: e.body_text(),
-            })?;
-        store::check_id(&id).map_err(|e| ApiError::InvalidId {
-            field: "id",
-            reason: e.reason,
-        })?;
-        Ok(AppId(id))
+        crate::api::path_id(parts, state).await.map(AppId)
     }
 }
 

@@ -9,6 +9,7 @@ mod check;
 mod cli;
 mod rotation;
 mod store;
+mod watcher;
 
 use p256::pkcs8::{EncodePrivateKey, LineEnding};
 use pushpace::apps::{Keyring, MasterKey};
