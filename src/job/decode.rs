@@ -65,6 +65,7 @@ pub(super) fn problem_of(e: JobError) -> String {
 pub(super) enum Field {
     JobId,
     CampaignId,
+    AppId,
     SendRate,
     Algorithm,
     Devices,
@@ -82,9 +83,10 @@ pub(super) enum Field {
 }
 
 impl Field {
-    const NAMED: [(Field, &'static str); 15] = [
+    const NAMED: [(Field, &'static str); 16] = [
         (Field::JobId, "job_id"),
         (Field::CampaignId, "campaign_id"),
+        (Field::AppId, "app_id"),
         (Field::SendRate, "send_rate"),
         (Field::Algorithm, "algorithm"),
         (Field::Devices, "devices"),
@@ -178,6 +180,7 @@ struct Parts {
     seen: [bool; 15],
     job_id: Option<String>,
     campaign_id: Option<String>,
+    app_id: Option<String>,
     send_rate: Option<Rate>,
     algorithm: Option<Algorithm>,
     devices: Option<Vec<String>>,
@@ -196,15 +199,15 @@ impl Parts {
     ) -> Result<(), A::Error> {
         let name = field.name();
         match field {
-            Field::JobId | Field::CampaignId => {
+            Field::JobId | Field::CampaignId | Field::AppId => {
                 let id: String = map
                     .next_value()
                     .map_err(|e| wrap(slot, || name.into(), e))?;
                 check_id(name, &id).map_err(|e| fail(slot, || name.into(), || problem_of(e)))?;
-                if matches!(field, Field::JobId) {
-                    self.job_id = Some(id);
-                } else {
-                    self.campaign_id = Some(id);
+                match field {
+                    Field::JobId => self.job_id = Some(id),
+                    Field::CampaignId => self.campaign_id = Some(id),
+                    _ => self.app_id = Some(id),
                 }
             }
             Field::SendRate => {
@@ -319,6 +322,7 @@ impl Parts {
             devices,
             payload,
             provider: self.provider,
+            app_id: self.app_id,
             provider_slot: 0,
             options,
             lifecycle: self.lifecycle,

@@ -78,6 +78,8 @@ pub struct Job {
     pub payload: Box<RawValue>,
     /// The provider the job names (`None`: `sender.default_provider`).
     pub provider: Option<String>,
+    /// The registered app the job sends for (`app_id`, the id rule of `job_id`).
+    pub app_id: Option<String>,
     /// The provider's index in the worker's [`crate::provider::Providers`], set at intake
     /// by [`crate::provider::Providers::resolve`]; 0 until then.
     pub provider_slot: u16,
@@ -96,6 +98,7 @@ impl PartialEq for Job {
             && self.devices == other.devices
             && self.payload.get() == other.payload.get()
             && self.provider == other.provider
+            && self.app_id == other.app_id
             && self.options == other.options
             && self.lifecycle == other.lifecycle
     }
@@ -142,7 +145,7 @@ impl JobError {
         }
     }
 
-    fn field_problem(field: impl Into<String>, problem: impl Into<String>) -> Self {
+    pub(crate) fn field_problem(field: impl Into<String>, problem: impl Into<String>) -> Self {
         JobError::Field {
             field: field.into(),
             problem: clip(problem.into()),
@@ -232,6 +235,7 @@ impl Job {
             devices,
             payload,
             provider: None,
+            app_id: None,
             provider_slot: 0,
             options: PushOptions::default(),
             lifecycle: Lifecycle::default(),
@@ -247,6 +251,12 @@ impl Job {
     /// Names the provider (`None`: `sender.default_provider`).
     pub fn with_provider(mut self, provider: Option<String>) -> Self {
         self.provider = provider;
+        self
+    }
+
+    /// Names the registered app the job sends for.
+    pub fn with_app(mut self, app_id: Option<String>) -> Self {
+        self.app_id = app_id;
         self
     }
 
@@ -302,6 +312,10 @@ impl Job {
         if let Some(p) = &self.provider {
             out.extend_from_slice(b",\"provider\":");
             write_json_str(out, p);
+        }
+        if let Some(a) = &self.app_id {
+            out.extend_from_slice(b",\"app_id\":");
+            write_json_str(out, a);
         }
         let o = &self.options;
         if let Some(p) = o.priority {

@@ -44,6 +44,13 @@ pub enum ProviderError {
     Sender(#[from] crate::sender::SenderError),
 }
 
+/// Why a job naming an `app_id` is a letter for now: this worker cannot send through the
+/// app registry yet, and a static provider would send with another app's credentials.
+/// The letter keeps the job whole, to replay once it can.
+pub const APP_JOBS_NOT_YET: &str =
+    "this worker does not send through the app registry yet; the job is kept whole as a \
+     letter, to replay once it does";
+
 /// One named provider of a worker.
 #[derive(Clone)]
 pub struct Provider {
@@ -118,6 +125,10 @@ impl Providers {
     /// the provider's own rules for the job (payload size, FCM data values, Web Push
     /// subscriptions…).
     pub fn resolve(&self, job: &mut Job) -> Result<(), JobError> {
+        if job.app_id.is_some() {
+            // Never through a static provider: it holds another app's credentials.
+            return Err(JobError::field_problem("app_id", APP_JOBS_NOT_YET));
+        }
         let slot = match job.provider.as_deref() {
             None => self.default,
             Some(name) => match self.list.iter().position(|p| &*p.name == name) {

@@ -343,6 +343,7 @@ pub fn job_template(job: &crate::job::Job) -> Vec<u8> {
         devices: Vec::new(),
         payload: job.payload.clone(),
         provider: job.provider.clone(),
+        app_id: job.app_id.clone(),
         provider_slot: job.provider_slot,
         options: job.options.clone(),
         lifecycle: job.lifecycle,

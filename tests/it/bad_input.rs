@@ -220,6 +220,32 @@ impl Suite {
                 "deeply nested JSON",
             )
             .await;
+            // A job for a registered app: never sent through a static provider, which
+            // holds another app's credentials; a letter until apps send.
+            let app_job = format!(
+                r#"{{"campaign_id":"{a}","job_id":"{}","app_id":"shop-1","devices":["app-dev"],"payload":{{"x":1}}}}"#,
+                pj("app")
+            );
+            self.send(
+                p,
+                None,
+                Some(app_job.as_bytes()),
+                Expect::Letter("invalid_job"),
+                "app_id before apps send",
+            )
+            .await;
+            let bad_app = format!(
+                r#"{{"campaign_id":"{a}","job_id":"{}","app_id":"no spaces","devices":["d"],"payload":{{"x":1}}}}"#,
+                pj("bad-app")
+            );
+            self.send(
+                p,
+                None,
+                Some(bad_app.as_bytes()),
+                Expect::Letter("invalid_job"),
+                "app_id breaking the id rule",
+            )
+            .await;
             let big = vec![b' '; pushpace::job::MAX_MESSAGE_BYTES + 1];
             self.send(
                 p,
@@ -578,6 +604,14 @@ async fn check_letters(pool: &PgPool, topic: &str, produced: &[Produced]) {
         );
         assert_eq!(got[0].0, kind, "{}: {got:?}", p.what);
         assert!(got[0].1.len() > 10, "{}: reason {:?}", p.what, got[0].1);
+        if p.what.starts_with("app_id") {
+            assert!(
+                got[0].1.starts_with("app_id: "),
+                "{}: {:?}",
+                p.what,
+                got[0].1
+            );
+        }
     }
     assert_eq!(rows.len(), expected, "letters for good messages: {rows:?}");
 }

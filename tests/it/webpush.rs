@@ -41,6 +41,7 @@ fn job(devices: Vec<String>, payload: &str, options: PushOptions) -> Arc<Job> {
         devices,
         payload: RawValue::from_string(payload.to_string()).expect("json"),
         provider: None,
+        app_id: None,
         provider_slot: 0,
         options,
         lifecycle: Default::default(),

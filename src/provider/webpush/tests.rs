@@ -115,6 +115,7 @@ async fn a_bad_subscription_or_payload_is_classified_without_a_request() {
             devices: vec![device.to_string()],
             payload: raw(payload),
             provider: None,
+            app_id: None,
             provider_slot: 0,
             options: PushOptions::default(),
             lifecycle: Default::default(),

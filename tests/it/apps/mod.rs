@@ -22,6 +22,25 @@ pub fn p256_pem() -> String {
     key.to_pkcs8_pem(LineEnding::LF).unwrap().to_string()
 }
 
+/// The app's events, optionally only those of `field` and/or with `new_value`.
+pub async fn count_events(
+    pool: &sqlx::PgPool,
+    app: &str,
+    field: Option<&str>,
+    new_value: Option<&str>,
+) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM app_events WHERE app_id = $1 \
+         AND ($2::text IS NULL OR field = $2) AND ($3::text IS NULL OR new_value = $3)",
+    )
+    .bind(app)
+    .bind(field)
+    .bind(new_value)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// The public half of a P-256 PKCS#8 PEM, as SPKI PEM (what the APNs mock verifies with).
 pub fn public_pem(private_pem: &str) -> String {
     use p256::pkcs8::{DecodePrivateKey, EncodePublicKey};

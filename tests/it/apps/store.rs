@@ -272,12 +272,7 @@ async fn disable_enable_and_delete_write_their_events() {
         ]
     );
     // The second PUT gave the same key: sealed again, but no fingerprint event.
-    let fingerprints: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM app_events WHERE app_id = 'evt' AND field = 'fingerprint'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let fingerprints = super::count_events(&pool, "evt", Some("fingerprint"), None).await;
     assert_eq!(
         fingerprints, 2,
         "set at the first PUT, cleared by the delete"

@@ -177,12 +177,7 @@ async fn a_change_without_a_notification_is_caught_by_the_fallback() {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    let events: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM app_events WHERE app_id = 'quiet' AND new_value = 'disabled'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let events = super::count_events(&pool, "quiet", None, Some("disabled")).await;
     assert_eq!(
         events, 0,
         "the triggers were off: no event, so no NOTIFY either"

@@ -111,12 +111,17 @@ fn job_strategy() -> impl Strategy<Value = Job> {
             prop::option::of(prop::sample::select(Algorithm::ALL.to_vec())),
             prop::collection::vec(token_strategy(), 1..20),
             payload_strategy().prop_filter("≤ 5 KiB", |p| p.get().len() <= MAX_PAYLOAD_BYTES),
+            prop::option::of(id_strategy()),
         ),
     )
         .prop_map(
-            |((provider, options), (job_id, campaign_id, rate, algorithm, devices, payload))| {
+            |(
+                (provider, options),
+                (job_id, campaign_id, rate, algorithm, devices, payload, app),
+            )| {
                 let mut job = Job::new(job_id, campaign_id, devices, payload).unwrap();
                 job.provider = provider;
+                job = job.with_app(app);
                 job.options = options;
                 if let Some(r) = rate {
                     job = job.with_send_rate(Rate::per_second(r).unwrap());
