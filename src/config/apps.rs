@@ -202,6 +202,28 @@ mod tests {
         assert_eq!(from_env.apps.keyring.unwrap().current_id(), current.id());
     }
 
+    #[test]
+    fn ca_file_is_read_at_load_and_shown_only_as_a_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = crate::tools::mock::tls::TestCa::new();
+        let path = dir.path().join("ca.pem");
+        std::fs::write(&path, ca.ca_pem()).unwrap();
+        let s = load(&[format!("apps.ca_file={}", path.display())], &[]).unwrap();
+        let pem = s.apps.ca_pem.as_ref().expect("read");
+        assert_eq!(pem.as_slice(), ca.ca_pem().as_bytes());
+        let shown = format!("{:?}", s.apps);
+        assert!(
+            shown.contains(&format!("ca_pem_bytes: Some({})", pem.len())),
+            "{shown}"
+        );
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        for bad in [not_pem.display().to_string(), "/nonexistent/ca.pem".into()] {
+            let e = load(&[format!("apps.ca_file={bad}")], &[]).unwrap_err();
+            assert!(e.to_string().contains("apps.ca_file"), "{e}");
+        }
+    }
+
     /// Overrides, environment, and what the error must say.
     type Case = (Vec<String>, Vec<(&'static str, String)>, &'static str);
 

@@ -177,7 +177,7 @@ impl<'de> Visitor<'de> for JobSeed<'_> {
 /// The fields read so far.
 #[derive(Default)]
 struct Parts {
-    seen: [bool; 15],
+    seen: [bool; Field::NAMED.len()],
     job_id: Option<String>,
     campaign_id: Option<String>,
     app_id: Option<String>,

@@ -22,6 +22,19 @@ pub fn p256_pem() -> String {
     key.to_pkcs8_pem(LineEnding::LF).unwrap().to_string()
 }
 
+/// Flips one bit of `app`'s sealed `kind` in place (a corrupted or altered row).
+pub async fn flip_a_sealed_bit(pool: &sqlx::PgPool, app: &str, kind: pushpace::apps::AppKind) {
+    sqlx::query(
+        "UPDATE app_credentials SET ciphertext = set_byte(ciphertext, 3, get_byte(ciphertext, 3) # 1) \
+         WHERE app_id = $1 AND kind = $2",
+    )
+    .bind(app)
+    .bind(kind.as_str())
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// The app's events, optionally only those of `field` and/or with `new_value`.
 pub async fn count_events(
     pool: &sqlx::PgPool,

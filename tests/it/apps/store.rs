@@ -336,14 +336,7 @@ async fn a_corrupted_row_halts_only_its_own_apps_kind() {
     )
     .await
     .unwrap();
-    // One bit of a's sealed APNs key flipped in place.
-    sqlx::query(
-        "UPDATE app_credentials SET ciphertext = set_byte(ciphertext, 3, get_byte(ciphertext, 3) # 1) \
-         WHERE app_id = 'a' AND kind = 'apns'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    super::flip_a_sealed_bit(&pool, "a", AppKind::Apns).await;
     let e = store::open(&pool, Some(&keys), "a", AppKind::Apns)
         .await
         .unwrap_err();

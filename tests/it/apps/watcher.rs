@@ -224,13 +224,7 @@ async fn a_corrupted_row_halts_only_its_app_and_idle_apps_are_never_opened() {
     .await;
     until(&w, "b", AppKind::Apns, NOTICE_BOUND, ready_with(&fb)).await;
 
-    sqlx::query(
-        "UPDATE app_credentials SET ciphertext = set_byte(ciphertext, 3, get_byte(ciphertext, 3) # 1) \
-         WHERE app_id = 'a' AND kind = 'apns'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    super::flip_a_sealed_bit(&pool, "a", AppKind::Apns).await;
     let (e, _) = until(&w, "a", AppKind::Apns, NOTICE_BOUND, |e| {
         matches!(e.status, AppStatus::Halted(_))
     })

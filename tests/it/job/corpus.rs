@@ -413,6 +413,45 @@ fn bad_23_duplicate_fields() {
     );
 }
 
+/// Each named field, the last ones of the list included, given twice: refused naming
+/// it (the decoder's table of fields seen must hold every one of them).
+#[test]
+fn bad_23b_every_field_given_twice_is_refused_naming_it() {
+    let fields: [(&str, &str); 16] = [
+        ("job_id", r#""j""#),
+        ("campaign_id", r#""c""#),
+        ("app_id", r#""shop-1""#),
+        ("send_rate", "10"),
+        ("algorithm", r#""gcra""#),
+        ("devices", r#"["x"]"#),
+        ("payload", "{}"),
+        ("provider", r#""p""#),
+        ("priority", r#""high""#),
+        ("collapse_id", r#""k""#),
+        ("expiration", "0"),
+        ("ttl_s", "60"),
+        ("push_type", r#""alert""#),
+        ("not_before", "1"),
+        ("expires_at", "2"),
+        ("campaign_total_devices", "5"),
+    ];
+    for (field, value) in fields {
+        let mut msg = String::from("{");
+        for (f, v) in fields.iter().filter(|(f, _)| {
+            ["job_id", "campaign_id", "devices", "payload"].contains(f) && *f != field
+        }) {
+            msg.push_str(&format!("\"{f}\":{v},"));
+        }
+        msg.push_str(&format!("\"{field}\":{value},\"{field}\":{value}}}"));
+        rejects(
+            msg.as_bytes(),
+            INVALID,
+            Some(field),
+            "appears more than once",
+        );
+    }
+}
+
 #[test]
 fn bad_24_control_characters_are_escaped_in_reasons() {
     let err = rejects(
