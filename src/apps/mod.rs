@@ -12,8 +12,9 @@
 //! - [`store`]: put, get, list, disable, enable, delete, the master-key rotation and
 //!   opening a row for use (a row that does not open halts that app's kind).
 //!
-//! Jobs cannot name an app yet: nothing sends through the registry in this slice. The
-//! triggers NOTIFY [`CHANNEL`] so that the worker side can LISTEN when it comes.
+//! Nothing sends through the registry yet: a job naming an `app_id` is dead-lettered
+//! whole ([`crate::provider::APP_JOBS_NOT_YET`]). The triggers NOTIFY [`CHANNEL`], which
+//! [`watcher`] LISTENs on.
 
 pub mod check;
 pub mod crypto;
