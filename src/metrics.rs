@@ -340,6 +340,8 @@ mod tests {
             held_devices: 0,
             total_devices: None,
             waiting_start: false,
+            waiting_for_app: None,
+            app_id: None,
         }
     }
 

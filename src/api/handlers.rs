@@ -58,6 +58,10 @@ pub struct LiveView {
     pub parked_devices: u64,
     /// Its start_at is still ahead.
     pub waiting_start: bool,
+    /// The registered app its next sends go through, if any.
+    pub app_id: Option<String>,
+    /// Why its sends wait for that app (`waiting for app X: …`), when they do.
+    pub waiting_for_app: Option<String>,
 }
 
 impl From<&CampaignLive> for LiveView {
@@ -77,6 +81,8 @@ impl From<&CampaignLive> for LiveView {
             held_devices: c.held_devices,
             parked_devices: 0,
             waiting_start: c.waiting_start,
+            app_id: c.app_id.as_deref().map(str::to_string),
+            waiting_for_app: c.waiting_for_app.as_deref().map(str::to_string),
         }
     }
 }

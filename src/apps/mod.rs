@@ -1,4 +1,4 @@
-//! The app registry (issue 55, first slice): customer apps, each with its own
+//! The app registry: customer apps, each with its own
 //! credentials per provider kind, kept in PostgreSQL with the secrets sealed.
 //!
 //! - [`crypto`]: the master keys, the [`crypto::Keyring`] (current key and older ones)
@@ -12,9 +12,10 @@
 //! - [`store`]: put, get, list, disable, enable, delete, the master-key rotation and
 //!   opening a row for use (a row that does not open halts that app's kind).
 //!
-//! Nothing sends through the registry yet: a job naming an `app_id` is dead-lettered
-//! whole ([`crate::provider::APP_JOBS_NOT_YET`]). The triggers NOTIFY [`CHANNEL`], which
-//! [`watcher`] LISTENs on.
+//! A job naming an `app_id` gets a provider slot of its own at intake
+//! (`provider::app_slots`); the worker's app router builds that slot's provider from
+//! what [`watcher`] opened, and the scheduler gates the slot while the app is not
+//! ready. The triggers NOTIFY [`CHANNEL`], which [`watcher`] LISTENs on.
 
 pub mod check;
 pub mod crypto;
@@ -57,6 +58,17 @@ impl AppKind {
 
     pub fn parse(s: &str) -> Option<AppKind> {
         AppKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The app kind of a provider kind (none for the webhook and null senders).
+    pub fn of(kind: crate::provider::ProviderKind) -> Option<AppKind> {
+        use crate::provider::ProviderKind as P;
+        match kind {
+            P::Apns => Some(AppKind::Apns),
+            P::Fcm => Some(AppKind::Fcm),
+            P::WebPush => Some(AppKind::WebPush),
+            P::Webhook | P::Null => None,
+        }
     }
 }
 

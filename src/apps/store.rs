@@ -324,8 +324,8 @@ pub async fn set_enabled(
 }
 
 /// The campaigns that still send through `id`: the database's
-/// `app_sending_campaigns(app)` (migration 20261206000300_apps.sql). It is 0 while no
-/// campaign can name an app; the slice that lets jobs name one replaces its body.
+/// `app_sending_campaigns(app)`, from what every worker published in the last seconds
+/// (migration 20261207000100_apps_send.sql).
 pub async fn sending_campaigns(ex: impl sqlx::PgExecutor<'_>, id: &str) -> Result<i64, AppsError> {
     Ok(sqlx::query_scalar("SELECT app_sending_campaigns($1)")
         .bind(id)
@@ -399,6 +399,29 @@ fn unseal(
         return Err("the sealed secret does not match the stored fingerprint".into());
     }
     Ok(creds)
+}
+
+/// Marks `id`'s `kind` halted because a provider refused the credentials with
+/// `fingerprint`: only while they are still the ones installed and active (a PUT or a
+/// disable since then stands). Returns whether it halted them.
+pub async fn halt_refused(
+    pool: &PgPool,
+    id: &str,
+    kind: AppKind,
+    fingerprint: &str,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE app_credentials SET status = 'halted', halted_reason = $3 \
+         WHERE app_id = $1 AND kind = $2 AND fingerprint = $4 AND status = 'active'",
+    )
+    .bind(id)
+    .bind(kind.as_str())
+    .bind(reason)
+    .bind(fingerprint)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() > 0)
 }
 
 /// Marks `id`'s `kind` halted with `reason`, if the row is still the one that failed

@@ -73,6 +73,8 @@ struct Inner {
     keyring: Option<Arc<Keyring>>,
     table: Mutex<HashMap<Key, AppEntry>>,
     generation: AtomicU64,
+    /// Woken by each change, for the one reader that waits ([`AppWatcher::changed`]).
+    changed: tokio::sync::Notify,
     opens: AtomicU64,
     asks: mpsc::UnboundedSender<Arc<str>>,
 }
@@ -98,6 +100,7 @@ impl AppWatcher {
                 keyring,
                 table: Mutex::new(HashMap::new()),
                 generation: AtomicU64::new(0),
+                changed: tokio::sync::Notify::new(),
                 opens: AtomicU64::new(0),
                 asks,
             }),
@@ -134,6 +137,12 @@ impl AppWatcher {
     /// Bumped by every change of any entry.
     pub fn generation(&self) -> u64 {
         self.inner.generation.load(Ordering::Acquire)
+    }
+
+    /// Waits for a change of any entry (at once if one came since the last wait). For
+    /// one reader: the app router.
+    pub async fn changed(&self) {
+        self.inner.changed.notified().await;
     }
 
     /// How many times a kind was opened (each a decryption): for tests and metrics.
@@ -176,6 +185,7 @@ impl AppWatcher {
                 e.status = status;
                 e.version += 1;
                 self.inner.generation.fetch_add(1, Ordering::AcqRel);
+                self.inner.changed.notify_one();
             }
         }
         Ok(())

@@ -40,6 +40,8 @@ pub enum DeadLetterKind {
     /// A job whose devices were not all sent by its own or its campaign's `expires_at`:
     /// one letter per job, with the count.
     Expired,
+    /// A job whose app was deleted: one letter per job, the job kept whole to replay.
+    UnknownApp,
 }
 
 impl DeadLetterKind {
@@ -50,6 +52,7 @@ impl DeadLetterKind {
             DeadLetterKind::Undeliverable => "undeliverable",
             DeadLetterKind::ExpiredOffset => "expired_offset",
             DeadLetterKind::Expired => "expired",
+            DeadLetterKind::UnknownApp => "unknown_app",
         }
     }
 }

@@ -29,7 +29,13 @@ pub fn build_one(p: &NamedProvider) -> Result<Provider, ProviderError> {
             AnySender::Provider(Arc::new(super::webpush::WebPushSender::new(s)?))
         }
     };
-    Ok(Provider {
+    Ok(with_sender(p, sender))
+}
+
+/// `p`'s provider around a sender already built (an app whose limits changed keeps its
+/// connections and its signed tokens).
+pub fn with_sender(p: &NamedProvider, sender: AnySender) -> Provider {
+    Provider {
         name: Arc::from(p.name.as_str()),
         kind: p.spec.kind(),
         max_rate: p.spec.common().and_then(|c| c.max_rate),
@@ -39,7 +45,7 @@ pub fn build_one(p: &NamedProvider) -> Result<Provider, ProviderError> {
             .map(|c| u32::try_from(c.max_in_flight).unwrap_or(u32::MAX)),
         adaptive: p.spec.common().and_then(|c| c.adaptive),
         sender,
-    })
+    }
 }
 
 fn webhook(w: &WebhookSpec) -> Result<HttpSender, ProviderError> {

@@ -9,9 +9,12 @@
 //!
 //! A job names its provider (`"provider": "<name>"`) or gets `sender.default_provider`.
 //! [`Providers::resolve`] checks the name and the provider's own job rules at intake, so
-//! a job that no provider could take is dead-lettered before it is scheduled.
+//! a job that no provider could take is dead-lettered before it is scheduled. A job that
+//! names an `app_id` gets its app kind's slot instead ([`app_slots`]), after the static
+//! ones; the scheduler holds that slot's provider, built from the app's credentials.
 
 pub mod apns;
+pub mod app_slots;
 pub mod build;
 pub mod ceiling;
 pub mod check;
@@ -44,13 +47,6 @@ pub enum ProviderError {
     Sender(#[from] crate::sender::SenderError),
 }
 
-/// Why a job naming an `app_id` is a letter for now: this worker cannot send through the
-/// app registry yet, and a static provider would send with another app's credentials.
-/// The letter keeps the job whole, to replay once it can.
-pub const APP_JOBS_NOT_YET: &str =
-    "this worker does not send through the app registry yet; the job is kept whole as a \
-     letter, to replay once it does";
-
 /// One named provider of a worker.
 #[derive(Clone)]
 pub struct Provider {
@@ -65,6 +61,20 @@ pub struct Provider {
     pub sender: AnySender,
 }
 
+impl Provider {
+    /// An app slot's placeholder until its provider is built: sends nothing.
+    pub fn closed(name: Arc<str>, kind: ProviderKind) -> Self {
+        Provider {
+            name,
+            kind,
+            max_rate: None,
+            max_in_flight: None,
+            adaptive: None,
+            sender: AnySender::Provider(Arc::new(app_slots::ClosedSender)),
+        }
+    }
+}
+
 impl std::fmt::Debug for Provider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Provider")
@@ -77,11 +87,13 @@ impl std::fmt::Debug for Provider {
     }
 }
 
-/// The providers of one worker, by slot (a job's `provider_slot`).
+/// The providers of one worker, by slot (a job's `provider_slot`): the static ones,
+/// then the apps' (filled in by the scheduler as the app router builds them).
 #[derive(Debug, Clone)]
 pub struct Providers {
     list: Vec<Provider>,
     default: u16,
+    apps: Arc<app_slots::AppSlots>,
 }
 
 impl Providers {
@@ -98,6 +110,7 @@ impl Providers {
                 sender,
             }],
             default: 0,
+            apps: Arc::new(app_slots::AppSlots::new(1)),
         }
     }
 
@@ -116,9 +129,35 @@ impl Providers {
             ));
         };
         Ok(Self {
+            apps: Arc::new(app_slots::AppSlots::new(list.len() as u16)),
             list,
             default: slot as u16,
         })
+    }
+
+    /// The app slots, shared by every clone (intake gives them, the router fills them).
+    pub fn apps(&self) -> &Arc<app_slots::AppSlots> {
+        &self.apps
+    }
+
+    /// Puts `provider` in app slot `slot`, filling the slots before it with closed
+    /// placeholders named from the app slots. The scheduler's own copy only.
+    pub fn set(&mut self, slot: u16, provider: Provider) {
+        let slot = usize::from(slot);
+        while self.list.len() < slot {
+            let at = self.list.len() as u16;
+            let key = self.apps.key(at);
+            let (name, kind) = key.map_or_else(
+                || (Arc::from("app/unknown"), ProviderKind::Null),
+                |k| (Arc::from(k.name()), k.kind),
+            );
+            self.list.push(Provider::closed(name, kind));
+        }
+        if slot == self.list.len() {
+            self.list.push(provider);
+        } else {
+            self.list[slot] = provider;
+        }
     }
 
     /// Sets `job.provider_slot` from the name the job gives (or the default) and checks
@@ -127,7 +166,7 @@ impl Providers {
     pub fn resolve(&self, job: &mut Job) -> Result<(), JobError> {
         if job.app_id.is_some() {
             // Never through a static provider: it holds another app's credentials.
-            return Err(JobError::field_problem("app_id", APP_JOBS_NOT_YET));
+            return self.apps.resolve(job);
         }
         let slot = match job.provider.as_deref() {
             None => self.default,
@@ -141,12 +180,14 @@ impl Providers {
         Ok(())
     }
 
-    /// The provider at `slot` (the default one for a slot out of range).
+    /// The provider at `slot`. An app slot the scheduler has not filled yet is a closed
+    /// one: never the default, which holds another app's credentials.
     #[inline]
     pub fn get(&self, slot: u16) -> &Provider {
-        self.list
-            .get(usize::from(slot))
-            .unwrap_or(&self.list[usize::from(self.default)])
+        static CLOSED: std::sync::OnceLock<Provider> = std::sync::OnceLock::new();
+        self.list.get(usize::from(slot)).unwrap_or_else(|| {
+            CLOSED.get_or_init(|| Provider::closed(Arc::from("app/unknown"), ProviderKind::Null))
+        })
     }
 
     /// Sends `job.devices[device_index]` through the job's provider.

@@ -330,6 +330,7 @@ impl std::str::FromStr for DeadLetterKind {
             "undeliverable" => Ok(DeadLetterKind::Undeliverable),
             "expired_offset" => Ok(DeadLetterKind::ExpiredOffset),
             "expired" => Ok(DeadLetterKind::Expired),
+            "unknown_app" => Ok(DeadLetterKind::UnknownApp),
             other => Err(StoreError::Corrupt {
                 table: "dead_letters",
                 reason: format!("unknown kind {other:?}"),
@@ -426,6 +427,7 @@ mod tests {
             DeadLetterKind::Undeliverable,
             DeadLetterKind::ExpiredOffset,
             DeadLetterKind::Expired,
+            DeadLetterKind::UnknownApp,
         ] {
             assert_eq!(kind.as_str().parse::<DeadLetterKind>().unwrap(), kind);
             let json = serde_json::to_string(&kind).unwrap();

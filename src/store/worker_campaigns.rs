@@ -17,6 +17,8 @@ pub struct Held {
     pub parked: u64,
     pub effective_rate: f64,
     pub total_devices: Option<u64>,
+    /// The registered app its next sends go through, if any.
+    pub app_id: Option<String>,
 }
 
 /// A campaign summed over the workers that published it lately.
@@ -39,19 +41,23 @@ pub async fn publish(pool: &PgPool, worker_id: &str, rows: &[Held]) -> Result<()
         .iter()
         .map(|r| r.total_devices.map(|t| t as i64))
         .collect();
+    let apps: Vec<Option<&str>> = rows.iter().map(|r| r.app_id.as_deref()).collect();
     sqlx::query(
         "WITH gone AS ( \
              DELETE FROM worker_campaigns WHERE worker_id = $1 AND campaign_id <> ALL($2) \
          ) \
          INSERT INTO worker_campaigns AS w \
-             (campaign_id, worker_id, held, parked, effective_rate, total_devices, updated_at) \
-         SELECT u.id, $1, u.held, u.parked, u.rate, u.total, now() \
-         FROM UNNEST($2::text[], $3::int8[], $4::int8[], $5::float8[], $6::int8[]) \
-             AS u(id, held, parked, rate, total) \
+             (campaign_id, worker_id, held, parked, effective_rate, total_devices, app_id, \
+              updated_at) \
+         SELECT u.id, $1, u.held, u.parked, u.rate, u.total, u.app, now() \
+         FROM UNNEST($2::text[], $3::int8[], $4::int8[], $5::float8[], $6::int8[], \
+                     $7::text[]) \
+             AS u(id, held, parked, rate, total, app) \
          ON CONFLICT (campaign_id, worker_id) DO UPDATE SET \
              held = EXCLUDED.held, parked = EXCLUDED.parked, \
              effective_rate = EXCLUDED.effective_rate, \
-             total_devices = EXCLUDED.total_devices, updated_at = now()",
+             total_devices = EXCLUDED.total_devices, app_id = EXCLUDED.app_id, \
+             updated_at = now()",
     )
     .bind(worker_id)
     .bind(&ids)
@@ -59,6 +65,7 @@ pub async fn publish(pool: &PgPool, worker_id: &str, rows: &[Held]) -> Result<()
     .bind(&parked)
     .bind(&rates)
     .bind(&totals)
+    .bind(&apps)
     .execute(pool)
     .await?;
     Ok(())

@@ -18,6 +18,7 @@
 //! publisher deletes this worker's rows; then the flusher makes its final flush and the
 //! campaign watcher stops.
 
+mod app_router;
 pub mod backlog;
 mod batch;
 pub mod consumer;
@@ -176,6 +177,7 @@ impl Worker {
             Duration::from_millis(settings.worker.drain_timeout_ms),
             sched_stats_tx,
         ));
+        start_app_router(settings, &pool, &providers, control.clone(), &phases);
         let defaults = campaign_defaults(settings);
         let forward = forward_settings(stats.watcher.subscribe(), control.clone(), defaults);
         phases.spawn(phases.intake().clone().run_until_cancelled_owned(forward));
@@ -300,6 +302,33 @@ async fn start_stats(
         flusher_task,
         watcher,
     })
+}
+
+/// The apps' side: the watcher of the apps the jobs name (it ends with the root phase)
+/// and the router that keeps their slots' providers in the scheduler current.
+fn start_app_router(
+    settings: &Settings,
+    pool: &PgPool,
+    providers: &Providers,
+    control: mpsc::Sender<Control>,
+    phases: &Phases,
+) {
+    let (watcher, _task) = crate::apps::watcher::AppWatcher::start(
+        pool.clone(),
+        settings.apps.keyring.clone(),
+        WatcherConfig {
+            refresh_interval: Duration::from_secs(1),
+            ..WatcherConfig::default()
+        },
+        phases.root().clone(),
+    );
+    phases.spawn(app_router::run(
+        Arc::clone(providers.apps()),
+        watcher,
+        crate::apps::provider::AppDefaults::from_settings(settings),
+        control,
+        phases.intake().clone(),
+    ));
 }
 
 fn build_scheduler(

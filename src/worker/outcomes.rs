@@ -71,6 +71,14 @@ pub enum Record {
         campaign_id: Arc<str>,
         reason: String,
     },
+    /// A provider refused an app's credentials (those with `fingerprint`): that kind of
+    /// the app becomes `halted`, until `apps enable` or a new PUT.
+    AppHalt {
+        app_id: Arc<str>,
+        kind: crate::provider::ProviderKind,
+        fingerprint: Arc<str>,
+        reason: String,
+    },
 }
 
 /// Settings of the stage.
@@ -239,6 +247,15 @@ impl OutcomeWriter {
                         reason,
                     } => {
                         self.halt(&campaign_id, &reason).await;
+                        self.written(seq);
+                    }
+                    Record::AppHalt {
+                        app_id,
+                        kind,
+                        fingerprint,
+                        reason,
+                    } => {
+                        self.app_halt(&app_id, kind, &fingerprint, &reason).await;
                         self.written(seq);
                     }
                 }
@@ -410,6 +427,38 @@ impl OutcomeWriter {
         if let Err(e) = r {
             // The worker keeps it halted either way; only the API will not say so.
             tracing::error!(error = %e, campaign = campaign_id, "a campaign's halt could not be recorded");
+        }
+    }
+
+    async fn app_halt(
+        &self,
+        app_id: &str,
+        kind: crate::provider::ProviderKind,
+        fingerprint: &str,
+        reason: &str,
+    ) {
+        let Some(kind) = crate::apps::AppKind::of(kind) else {
+            return;
+        };
+        let halted = std::sync::atomic::AtomicBool::new(false);
+        let r = retry("app halt", &self.shared, || async {
+            let done =
+                crate::apps::store::halt_refused(&self.pool, app_id, kind, fingerprint, reason)
+                    .await
+                    .map_err(|e| Failure::from_store(crate::store::StoreError::from(e)))?;
+            halted.store(done, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        })
+        .await;
+        match r {
+            Ok(()) if !halted.into_inner() => {
+                tracing::info!(app = app_id, kind = %kind, "app halt not recorded: its credentials changed since");
+            }
+            Ok(()) => {}
+            Err(e) => {
+                // This worker keeps the slot closed; the router opens it on the next change.
+                tracing::error!(error = %e, app = app_id, "an app's halt could not be recorded");
+            }
         }
     }
 

@@ -55,6 +55,7 @@ fn rows(s: &SchedulerStats, c: &ConsumerStats) -> Vec<Held> {
             parked: 0,
             effective_rate: l.effective_rate,
             total_devices: l.total_devices,
+            app_id: l.app_id.as_deref().map(str::to_string),
         })
         .collect();
     let at: std::collections::HashMap<&str, usize> = s
@@ -72,6 +73,7 @@ fn rows(s: &SchedulerStats, c: &ConsumerStats) -> Vec<Held> {
                 parked: *parked,
                 effective_rate: 0.0,
                 total_devices: None,
+                app_id: None,
             }),
         }
     }

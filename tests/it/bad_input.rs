@@ -220,8 +220,8 @@ impl Suite {
                 "deeply nested JSON",
             )
             .await;
-            // A job for a registered app: never sent through a static provider, which
-            // holds another app's credentials; a letter until apps send.
+            // A job for a registered app names the app's kind: never a static provider,
+            // which holds another app's credentials.
             let app_job = format!(
                 r#"{{"campaign_id":"{a}","job_id":"{}","app_id":"shop-1","devices":["app-dev"],"payload":{{"x":1}}}}"#,
                 pj("app")
@@ -231,7 +231,7 @@ impl Suite {
                 None,
                 Some(app_job.as_bytes()),
                 Expect::Letter("invalid_job"),
-                "app_id before apps send",
+                "provider missing beside app_id",
             )
             .await;
             let bad_app = format!(
@@ -604,13 +604,15 @@ async fn check_letters(pool: &PgPool, topic: &str, produced: &[Produced]) {
         );
         assert_eq!(got[0].0, kind, "{}: {got:?}", p.what);
         assert!(got[0].1.len() > 10, "{}: reason {:?}", p.what, got[0].1);
-        if p.what.starts_with("app_id") {
-            assert!(
-                got[0].1.starts_with("app_id: "),
-                "{}: {:?}",
-                p.what,
-                got[0].1
-            );
+        for field in ["app_id", "provider"] {
+            if p.what.starts_with(field) {
+                assert!(
+                    got[0].1.starts_with(&format!("{field}: ")),
+                    "{}: {:?}",
+                    p.what,
+                    got[0].1
+                );
+            }
         }
     }
     assert_eq!(rows.len(), expected, "letters for good messages: {rows:?}");

@@ -77,6 +77,7 @@ impl Scheduler {
             first_failed,
             outcome,
             latency_ns,
+            epoch,
         } = done;
         let Some(cslot) = self.release_in_flight((slot, device), &outcome, latency_ns, now) else {
             return;
@@ -88,8 +89,11 @@ impl Scheduler {
         ) {
             self.origin_answered(cslot, slot, device, unix_sec);
         }
-        if self.apply_answer(cslot, retry, outcome, now, unix_sec) {
-            self.finish_device(slot, device);
+        let outcome = self.app_answer(cslot, retry, epoch, outcome, now);
+        if let Some(outcome) = outcome {
+            if self.apply_answer(cslot, retry, outcome, now, unix_sec) {
+                self.finish_device(slot, device);
+            }
         }
         self.after_ended_answer(slot, now, unix_sec);
         // Room in flight, a retry to schedule: its next turn has something to look at,

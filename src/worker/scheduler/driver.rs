@@ -225,6 +225,7 @@ fn apply_control(scheduler: &mut Scheduler, msg: Control, time: &TimeBase) {
     match msg {
         Control::Job(job) => scheduler.add_job(job, time.now()),
         Control::Settings(s) => scheduler.apply_settings(s, time.now()),
+        Control::App(u) => scheduler.apply_app(u, time.now(), super::unix_now()),
         Control::Revoke { partitions, done } => scheduler.start_revoke(partitions, done),
     }
 }

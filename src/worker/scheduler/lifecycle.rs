@@ -27,6 +27,8 @@ const MAX_GATE_WAIT: Nanos = 60 * NANOS_PER_SEC;
 pub(super) enum End {
     Expired,
     Cancelled,
+    /// Its app was deleted: counted failed, one `unknown_app` letter per job.
+    AppDeleted,
 }
 
 impl End {
@@ -34,7 +36,13 @@ impl End {
         match self {
             End::Expired => Outcome::Expired,
             End::Cancelled => Outcome::Cancelled,
+            End::AppDeleted => Outcome::Failed,
         }
+    }
+
+    /// Whether the job's end is a letter (one per job, with the count).
+    fn has_letter(self) -> bool {
+        matches!(self, End::Expired | End::AppDeleted)
     }
 }
 
@@ -233,7 +241,7 @@ impl Scheduler {
         job.dispatched.store(job.next, Ordering::Relaxed);
         let n = devices.len() as u32;
         for d in devices {
-            if end == End::Expired && job.ended.held.is_none() {
+            if end.has_letter() && job.ended.held.is_none() {
                 job.ended.held = Some(d);
                 continue;
             }
@@ -251,6 +259,7 @@ impl Scheduler {
                 c.cancelled += u64::from(n);
                 self.cancelled_total.increment(u64::from(n));
             }
+            End::AppDeleted => c.failed += u64::from(n),
         }
         self.settle_ended(jslot);
     }
@@ -265,7 +274,10 @@ impl Scheduler {
         }
         if let (Some(held), false) = (job.ended.held, job.ended.letter_queued) {
             job.ended.letter_queued = true;
-            let letter = self.expiry_letter(jslot);
+            let letter = match job.ended.end {
+                Some(End::AppDeleted) => self.unknown_app_letter(jslot),
+                _ => self.expiry_letter(jslot),
+            };
             let job = self.jobs[jslot as usize].as_ref().expect("job");
             let at = LetterFor {
                 slot: jslot,
@@ -310,6 +322,31 @@ impl Scheduler {
             ),
             key: None,
             raw: Vec::new(),
+            replay: None,
+        }
+    }
+
+    /// The letter of a job whose app was deleted: the job itself, to replay once the
+    /// app is registered again (its finished devices are skipped by its progress).
+    fn unknown_app_letter(&self, jslot: u32) -> Letter {
+        let job = self.jobs[jslot as usize].as_ref().expect("job");
+        let app = job.job.app_id.as_deref().unwrap_or("");
+        Letter {
+            kind: DeadLetterKind::UnknownApp,
+            partition: job.partition,
+            offset: job.offset,
+            campaign_id: Some(Arc::from(job.job.campaign_id.as_str())),
+            job_id: Some(job.job.job_id.clone()),
+            device: None,
+            device_token: None,
+            reason: format!(
+                "app {} was deleted: {} of {} devices not sent",
+                crate::job::echo(app),
+                job.ended.count,
+                job.total()
+            ),
+            key: None,
+            raw: job.job.to_json(),
             replay: None,
         }
     }

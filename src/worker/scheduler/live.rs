@@ -73,4 +73,8 @@ pub struct CampaignLive {
     pub total_devices: Option<u64>,
     /// Its `start_at` is still ahead.
     pub waiting_start: bool,
+    /// Why its next sends wait for their app (`waiting for app X: …`), when they do.
+    pub waiting_for_app: Option<Arc<str>>,
+    /// The registered app its next sends go through, when they go through one.
+    pub app_id: Option<Arc<str>>,
 }

@@ -90,6 +90,8 @@ impl IncomingJob {
 pub enum Control {
     Job(IncomingJob),
     Settings(CampaignSettings),
+    /// An app slot's provider, or why its jobs wait (the app router's word).
+    App(super::AppUpdate),
     /// Stop dispatching these partitions' jobs, wait for their in-flight sends, drop
     /// them, and answer. Their unfinished devices are re-read by the next owner.
     Revoke {
@@ -122,4 +124,6 @@ pub struct Completion {
     pub(super) outcome: SendOutcome,
     /// From dispatch to answer.
     pub(super) latency_ns: u64,
+    /// The epoch of its provider's slot when it left (an app's credentials rotate).
+    pub(super) epoch: u32,
 }

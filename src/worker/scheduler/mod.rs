@@ -38,6 +38,7 @@ use crate::limiter::{
     Algorithm, Clock, DynLimiter, Grant, Nanos, Rate, RateLimiter, NANOS_PER_SEC,
 };
 mod answers;
+mod app_gates;
 mod caps;
 mod driver;
 mod due;
@@ -57,6 +58,7 @@ mod waits;
 mod wheel;
 
 pub use crate::limiter::factory::{LimiterFactory, LocalLimiters};
+pub use app_gates::{AppState, AppUpdate};
 pub use driver::{acquire_catching_up, run, TimeBase};
 use jobs::{ActiveJob, RetryItem};
 pub use live::{CampaignLive, SchedulerStats};
@@ -253,6 +255,8 @@ pub struct Scheduler {
     provider_max_in_flight: Vec<u32>,
     /// Providers whose configuration was refused, by slot: their campaigns halt.
     provider_halts: Vec<Option<Arc<str>>>,
+    /// The gates of the app slots (from `providers.apps().base()` on).
+    app_gates: Vec<app_gates::AppGate>,
     /// Each provider's lane (adaptive ceiling, sends this second, history), by slot.
     lanes: Vec<lanes::Lane>,
     /// Each Web Push origin's lane, paced at dispatch.
@@ -352,6 +356,7 @@ impl Scheduler {
             lane_demand: Vec::new(),
             providers,
             provider_halts: Vec::new(),
+            app_gates: Vec::new(),
             halts_total: metrics::counter!("campaign_halts_total"),
             stats,
             global,
@@ -468,6 +473,10 @@ impl Scheduler {
                         .halted
                         .then(|| Arc::from("halted (see the campaign's halt_reason)"))
                 }),
+                waiting_for_app: (c.open_jobs > 0)
+                    .then(|| self.waiting_for_app(c.provider))
+                    .flatten(),
+                app_id: self.providers.apps().key(c.provider).map(|k| k.app_id),
                 active: c.active,
                 sent: c.sent,
                 failed: c.failed,
@@ -517,6 +526,8 @@ impl std::fmt::Debug for Scheduler {
 
 #[cfg(test)]
 mod answer_tests;
+#[cfg(test)]
+mod app_gate_tests;
 #[cfg(test)]
 mod driver_tests;
 #[cfg(test)]

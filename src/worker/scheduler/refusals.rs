@@ -277,6 +277,21 @@ impl Scheduler {
         );
         let windows = std::mem::take(&mut r.windows);
         r.answers = 0;
+        let provider = self.campaigns[cslot as usize]
+            .as_ref()
+            .map_or(0, |c| c.provider);
+        if self.is_app_slot(provider) {
+            // The app's VAPID key is refused: the app halts, its devices wait for it.
+            self.halt_app(provider, self.slot_epoch(provider), &reason);
+            for w in windows {
+                for h in w.held {
+                    if self.job_id(h.retry.0) == Some(h.job) {
+                        self.requeue_device(cslot, h.retry, now);
+                    }
+                }
+            }
+            return;
+        }
         self.halt_campaign(cslot, &reason, now);
         for (i, w) in windows.into_iter().enumerate() {
             for h in w.held {

@@ -76,6 +76,8 @@ impl Scheduler {
         crate::job::bound_by_campaign_expiry(&mut job, settings.expires_at_ms);
         self.known
             .insert(campaign_id.clone(), (settings.clone(), now));
+        // An app slot's state (gate, cap, lane) exists before its first job is held.
+        self.ensure_slot(job.provider_slot);
         let cslot = self.campaign_slot(settings, job.provider_slot);
         let mut active =
             self.new_active_job(job, cslot, (partition, offset), already_done, dispatched);

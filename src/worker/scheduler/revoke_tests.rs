@@ -87,6 +87,7 @@ impl Harness {
                 first_failed: 0,
                 outcome: SendOutcome::Delivered,
                 latency_ns: 0,
+                epoch: 0,
             };
             self.s.complete(done, self.now, 0);
         }

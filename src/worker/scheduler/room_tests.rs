@@ -57,6 +57,7 @@ fn answer(s: &mut Scheduler, slot: u32, device: u32, now: Nanos) {
         first_failed: 0,
         outcome: SendOutcome::Delivered,
         latency_ns: 0,
+        epoch: 0,
     };
     s.complete(done, now, 0);
 }

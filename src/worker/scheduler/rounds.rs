@@ -197,6 +197,16 @@ impl Scheduler {
             return Err(None);
         };
         let provider = c.provider;
+        match self.app_gate(provider) {
+            None | Some(app_gates::Gate::Open) => {}
+            // Its app is not ready: nothing until the router opens the gate (which wakes
+            // it); in-flight sends finish.
+            Some(app_gates::Gate::Closed(_)) => return Err(None),
+            Some(app_gates::Gate::Gone) => {
+                self.end_slot_jobs(provider, now, unix_sec);
+                return Err(None);
+            }
+        }
         if let Some(until) = self.lane_paused(provider, now) {
             // The provider asked for a pause: nothing until then, in-flight sends finish.
             return Err(Some(until));
@@ -398,6 +408,12 @@ impl Scheduler {
             self.hold_for_resume((jslot, device, attempt, first_failed), now);
             return true;
         }
+        if !matches!(self.app_gate(provider), None | Some(app_gates::Gate::Open)) {
+            // Its app's gate closed during the turn (an answer ready at once): it waits
+            // for the gate, with its permit spent, so the turn ends.
+            self.requeue_device(cslot, (jslot, device, attempt, first_failed), now);
+            return true;
+        }
         let gate = match self.origin_gate(jslot, device, reserved, now) {
             Ok(origin) => self
                 .lane_paused(provider, now)
@@ -433,6 +449,7 @@ impl Scheduler {
             *n += 1;
         }
         let future: SendFuture = self.providers.send(&job.job, device as usize);
+        let epoch = self.slot_epoch(provider);
         let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
         c.in_flight += 1;
         self.in_flight += 1;
@@ -446,6 +463,7 @@ impl Scheduler {
                     first_failed,
                     outcome,
                     latency_ns: 0,
+                    epoch,
                 },
                 now,
                 unix_sec,
@@ -462,6 +480,7 @@ impl Scheduler {
                         first_failed,
                         outcome,
                         latency_ns: started.elapsed().as_nanos() as u64,
+                        epoch,
                     });
                 });
             }

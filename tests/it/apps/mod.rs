@@ -10,6 +10,7 @@ mod cli;
 mod rotation;
 mod store;
 mod watcher;
+mod worker;
 
 use p256::pkcs8::{EncodePrivateKey, LineEnding};
 use pushpace::apps::{Keyring, MasterKey};
