@@ -31,15 +31,15 @@ const TOPIC: &str = "com.example.shop";
 const PUT_TO_FIRST_SEND: Duration = Duration::from_secs(1);
 
 /// A team's APNs: its mock, and the key and ids it trusts.
-struct Team {
-    mock: ApnsMock,
-    key: String,
+pub(super) struct Team {
+    pub mock: ApnsMock,
+    pub key: String,
     team_id: &'static str,
     key_id: &'static str,
 }
 
 impl Team {
-    fn start(ca: &TestCa, team_id: &'static str, key_id: &'static str) -> Team {
+    pub(super) fn start(ca: &TestCa, team_id: &'static str, key_id: &'static str) -> Team {
         let key = p256_pem();
         let config = MockApnsConfig::new(team_id, key_id, &public_pem(&key), TOPIC);
         let mock = ApnsMock::start(ca, config).expect("APNs mock");
@@ -52,49 +52,54 @@ impl Team {
     }
 
     /// A PUT body for this team, signing with `key`.
-    fn body_with(&self, key: &str) -> String {
+    pub(super) fn body_with(&self, key: &str) -> String {
         json!({"apns": {"key": key, "key_id": self.key_id, "team_id": self.team_id,
                         "topic": TOPIC, "environment": "sandbox",
                         "endpoint": self.mock.url()}})
         .to_string()
     }
 
-    fn body(&self) -> String {
+    pub(super) fn body(&self) -> String {
         self.body_with(&self.key)
     }
 
     /// Accepted notifications per token, and the most any token got.
-    fn delivered(&self) -> (usize, u32) {
+    pub(super) fn delivered(&self) -> (usize, u32) {
         let tokens = self.mock.controls().delivered_tokens();
         (tokens.len(), tokens.values().copied().max().unwrap_or(0))
     }
 }
 
-struct Rig {
-    _ca: TestCa,
+pub(super) struct Rig {
+    pub ca: TestCa,
     _dir: tempfile::TempDir,
-    worker: TestWorker,
-    api: TestApp,
+    pub worker: TestWorker,
+    pub api: TestApp,
     producer: Producer,
 }
 
 async fn rig() -> Rig {
+    let key = MasterKey::generate().to_base64().to_string();
+    rig_with(&[("apps.master_key", key)]).await
+}
+
+/// A worker with the API, trusting the mocks' CA for the apps, with `extra` settings
+/// (its master keys among them).
+pub(super) async fn rig_with(extra: &[(&str, String)]) -> Rig {
     let ca = TestCa::new();
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca.ca_pem()).unwrap();
-    let key = MasterKey::generate().to_base64().to_string();
+    let mut settings = vec![("apps.ca_file", ca_file.display().to_string())];
+    settings.extend(extra.iter().cloned());
     let mut worker = TestWorker::options()
         .api()
-        .settings(&[
-            ("apps.master_key", key),
-            ("apps.ca_file", ca_file.display().to_string()),
-        ])
+        .settings(&settings)
         .spawn()
         .await;
     let api = worker.take_api();
     Rig {
-        _ca: ca,
+        ca,
         _dir: dir,
         worker,
         api,
@@ -103,39 +108,72 @@ async fn rig() -> Rig {
 }
 
 /// `n` APNs tokens starting with `tag` (4 hex digits), unique per test run.
-fn tokens(tag: &str, n: usize) -> Vec<String> {
+pub(super) fn tokens(tag: &str, n: usize) -> Vec<String> {
     let run = fastrand::u32(..);
     (0..n).map(|i| format!("{tag}{run:08x}{i:052x}")).collect()
 }
 
-fn app_job(job_id: &str, campaign: &str, app: &str, rate: f64, devices: Vec<String>) -> Job {
-    let payload =
-        serde_json::value::RawValue::from_string(r#"{"aps":{"alert":"hi"}}"#.into()).unwrap();
+pub(super) fn app_job_of(
+    kind: &str,
+    job_id: &str,
+    campaign: &str,
+    app: &str,
+    rate: f64,
+    devices: Vec<String>,
+) -> Job {
+    let payload = serde_json::value::RawValue::from_string(payload_for(kind).into()).unwrap();
     let mut job = Job::new(job_id, campaign, devices, payload)
         .unwrap()
         .with_app(Some(app.into()));
-    job.provider = Some("apns".into());
+    job.provider = Some(kind.into());
     job.send_rate = Some(Rate::per_second(rate).unwrap());
     job
 }
 
+/// A payload each kind's rules (and its mock) accept.
+fn payload_for(kind: &str) -> &'static str {
+    match kind {
+        "apns" => r#"{"aps":{"alert":"hi"}}"#,
+        "fcm" => r#"{"notification":{"title":"hi"},"data":{"k":"v"}}"#,
+        _ => r#"{"title":"hi"}"#,
+    }
+}
+
+pub(super) fn app_job(
+    job_id: &str,
+    campaign: &str,
+    app: &str,
+    rate: f64,
+    devices: Vec<String>,
+) -> Job {
+    app_job_of("apns", job_id, campaign, app, rate, devices)
+}
+
 impl Rig {
-    async fn produce(&self, job: &Job) {
+    pub(super) async fn produce(&self, job: &Job) {
         self.producer.job(&self.worker.topic, job, None).await;
     }
 
-    async fn put(&self, app: &str, body: &str) {
+    pub(super) async fn put(&self, app: &str, body: &str) {
         let r = self.api.put(&format!("/api/apps/{app}"), body).await;
         assert!(matches!(r.status, 200 | 201), "{}", r.text);
     }
 
-    async fn campaign(&self, id: &str) -> Value {
+    /// A GET with the admin token.
+    pub(super) async fn get(&self, path: &str) -> crate::api::Reply {
+        let auth = auth();
+        self.api
+            .request(reqwest::Method::GET, path, None, Some(&auth))
+            .await
+    }
+
+    pub(super) async fn campaign(&self, id: &str) -> Value {
         let r = self.api.get(&format!("/api/campaigns/{id}")).await;
         assert_eq!(r.status, 200, "{}", r.text);
         r.body
     }
 
-    async fn letters(&self, kind: &str) -> Vec<(String, Vec<u8>)> {
+    pub(super) async fn letters(&self, kind: &str) -> Vec<(String, Vec<u8>)> {
         sqlx::query_as("SELECT reason, raw FROM dead_letters WHERE kind = $1")
             .bind(kind)
             .fetch_all(&self.worker.pool)
@@ -144,7 +182,7 @@ impl Rig {
     }
 
     /// Every text the API shows of the apps and campaigns, and /metrics.
-    async fn everything_shown(&self, campaigns: &[&str]) -> String {
+    pub(super) async fn everything_shown(&self, campaigns: &[&str]) -> String {
         let mut all = String::new();
         let mut paths = vec!["/api/apps".to_string(), "/metrics".to_string()];
         for app in ["alpha", "beta"] {
@@ -154,13 +192,15 @@ impl Rig {
             paths.push(format!("/api/campaigns/{c}"));
         }
         for p in paths {
-            all.push_str(&self.api.get(&p).await.text);
+            let shown = self.get(&p).await;
+            assert_eq!(shown.status, 200, "{p}: {}", shown.text);
+            all.push_str(&shown.text);
         }
         all
     }
 }
 
-async fn wait_until_async<F, Fut>(what: &str, limit: Duration, mut done: F)
+pub(super) async fn wait_until_async<F, Fut>(what: &str, limit: Duration, mut done: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -172,7 +212,7 @@ where
     }
 }
 
-fn assert_no_secret(text: &str, keys: &[&str]) {
+pub(super) fn assert_no_secret(text: &str, keys: &[&str]) {
     assert!(!text.contains("-----BEGIN"), "PEM armour shown");
     for key in keys {
         for line in key
@@ -187,7 +227,7 @@ fn assert_no_secret(text: &str, keys: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_app_sends_with_its_own_key_and_a_new_app_starts_within_a_second() {
     let r = rig().await;
-    let ca = &r._ca;
+    let ca = &r.ca;
     let alpha = Team::start(ca, "TEAMAAAAAA", "KEYAAAAAAA");
     let beta = Team::start(ca, "TEAMBBBBBB", "KEYBBBBBBB");
     r.put("alpha", &alpha.body()).await;
@@ -252,7 +292,7 @@ async fn each_app_sends_with_its_own_key_and_a_new_app_starts_within_a_second() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_key_halts_only_its_app_until_its_key_is_fixed() {
     let r = rig().await;
-    let ca = &r._ca;
+    let ca = &r.ca;
     let alpha = Team::start(ca, "TEAMAAAAAA", "KEYAAAAAAA");
     let beta = Team::start(ca, "TEAMBBBBBB", "KEYBBBBBBB");
     r.put("alpha", &alpha.body()).await;
@@ -268,13 +308,18 @@ async fn a_refused_key_halts_only_its_app_until_its_key_is_fixed() {
         "beta halted in the registry",
         Duration::from_secs(30),
         || async {
-            let a = r.api.get("/api/apps/beta").await;
-            a.text.contains("halted")
+            let a = r.get("/api/apps/beta").await;
+            a.body["credentials"]["apns"]["status"] == "halted"
         },
     )
     .await;
-    let app = r.api.get("/api/apps/beta").await;
-    assert!(app.text.contains("InvalidProviderToken"), "{}", app.text);
+    let app = r.get("/api/apps/beta").await;
+    let reason = app.body["credentials"]["apns"]["halted_reason"].as_str();
+    assert!(
+        reason.is_some_and(|r| r.contains("InvalidProviderToken")),
+        "{}",
+        app.text
+    );
     let refusals = beta.mock.controls().answers("InvalidProviderToken");
     assert!(
         (1..=4).contains(&refusals),
@@ -323,7 +368,7 @@ async fn a_refused_key_halts_only_its_app_until_its_key_is_fixed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_apps_job_is_dead_lettered_whole_as_unknown_app() {
     let r = rig().await;
-    let alpha = Team::start(&r._ca, "TEAMAAAAAA", "KEYAAAAAAA");
+    let alpha = Team::start(&r.ca, "TEAMAAAAAA", "KEYAAAAAAA");
     r.put("alpha", &alpha.body()).await;
     // 10/s: most of it is still unsent when the app goes.
     r.produce(&app_job("ja", "shop-a", "alpha", 10.0, tokens("aaaa", 200)))
@@ -332,20 +377,31 @@ async fn a_deleted_apps_job_is_dead_lettered_whole_as_unknown_app() {
         alpha.delivered().0 >= 5
     })
     .await;
-    // Refused while its campaign sends through it (as every worker published).
-    wait_until_async("the refusal", Duration::from_secs(10), || async {
-        let d = r
-            .api
-            .request(
-                reqwest::Method::DELETE,
-                "/api/apps/alpha",
-                None,
-                Some(&auth()),
-            )
-            .await;
-        d.status == 409
-    })
+    // Refused while its campaign sends through it, once the worker has published that
+    // (about once a second).
+    wait_until_async(
+        "the campaign published",
+        Duration::from_secs(10),
+        || async {
+            let n: i64 = sqlx::query_scalar("SELECT app_sending_campaigns('alpha')")
+                .fetch_one(&r.worker.pool)
+                .await
+                .unwrap();
+            n == 1
+        },
+    )
     .await;
+    let d = r
+        .api
+        .request(
+            reqwest::Method::DELETE,
+            "/api/apps/alpha",
+            None,
+            Some(&auth()),
+        )
+        .await;
+    assert_eq!(d.status, 409, "{}", d.text);
+    assert!(d.text.contains('1'), "names the campaigns: {}", d.text);
     let d = r
         .api
         .request(
@@ -374,6 +430,6 @@ async fn a_deleted_apps_job_is_dead_lettered_whole_as_unknown_app() {
     assert_eq!(alpha.delivered().0, sent, "nothing sent after the delete");
 }
 
-fn auth() -> String {
+pub(super) fn auth() -> String {
     format!("Bearer {}", crate::api::TOKEN)
 }
