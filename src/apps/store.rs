@@ -333,6 +333,27 @@ pub async fn sending_campaigns(ex: impl sqlx::PgExecutor<'_>, id: &str) -> Resul
         .await?)
 }
 
+/// The campaigns each app of `ids` sends through now, by app id, sorted: every
+/// worker's `worker_campaigns` rows naming it, published within
+/// [`crate::store::worker_campaigns::FRESH_S`]. One statement for a whole page of apps;
+/// an app with none is absent.
+pub async fn campaigns_by_app(
+    pool: &PgPool,
+    ids: &[&str],
+) -> Result<BTreeMap<String, Vec<String>>, AppsError> {
+    let rows: Vec<(String, Vec<String>)> = sqlx::query_as(
+        "SELECT app_id, array_agg(DISTINCT campaign_id ORDER BY campaign_id) \
+         FROM worker_campaigns \
+         WHERE app_id = ANY($1) AND updated_at > now() - make_interval(secs => $2) \
+         GROUP BY app_id",
+    )
+    .bind(ids)
+    .bind(crate::store::worker_campaigns::FRESH_S)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// Deletes an app and its credentials; refused ([`AppsError::InUse`]) while campaigns
 /// still send through it, unless `force`. Returns how many campaigns did.
 pub async fn delete(

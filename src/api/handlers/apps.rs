@@ -4,7 +4,8 @@
 //!   (`apns.key`, `fcm.service_account.private_key`, `webpush.vapid_key`…). Without a
 //!   master key it is a 503 that says how to configure one.
 //! - `GET /api/apps?limit=&after=` (paged as the campaigns are: the next cursor in
-//!   `x-next-after`, absent on the last page) and `GET /api/apps/{id}`;
+//!   `x-next-after`, absent on the last page) and `GET /api/apps/{id}`, each kind with
+//!   its `live` lane in this worker and the app's `campaigns` ([`views`]);
 //! - `POST /api/apps/{id}/disable|enable` (enable also ends a halt);
 //! - `DELETE /api/apps/{id}[?force=true]`: 409 while campaigns still send through it.
 //! - `POST /api/apps/{id}/check`: each kind's authentication round trip (200 with a
@@ -26,6 +27,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use views::AppDetail;
+
+mod views;
 
 /// The routes; the caller puts them behind the admin token.
 pub fn routes() -> Router<AppState> {
@@ -80,7 +84,20 @@ async fn list(State(state): State<AppState>, query: Params) -> Result<Response, 
         })
         .transpose()?;
     let page = store::page(state.pool(), limit, q.get("after").map(String::as_str)).await?;
-    let mut response = Json(page.items).into_response();
+    let ids: Vec<&str> = page.items.iter().map(|a| a.id.as_str()).collect();
+    let mut campaigns = store::campaigns_by_app(state.pool(), &ids).await?;
+    let providers = state.worker().map(|w| w.providers()).unwrap_or_default();
+    let lanes = views::app_lanes(&providers);
+    let now_s = unix_now_s();
+    let items: Vec<AppDetail> = page
+        .items
+        .into_iter()
+        .map(|app| {
+            let c = campaigns.remove(&app.id).unwrap_or_default();
+            views::detail(app, &lanes, c, now_s, false)
+        })
+        .collect();
+    let mut response = Json(items).into_response();
     if let Some(next) = page.next {
         // Ids are ASCII from [A-Za-z0-9._:-]: always a valid header value.
         let value =
@@ -90,11 +107,33 @@ async fn list(State(state): State<AppState>, query: Params) -> Result<Response, 
     Ok(response)
 }
 
-async fn show(State(state): State<AppState>, AppId(id): AppId) -> Result<Json<AppView>, ApiError> {
+/// The current unix second (what the lanes' history is stamped in).
+fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn show(
+    State(state): State<AppState>,
+    AppId(id): AppId,
+) -> Result<Json<AppDetail>, ApiError> {
     let app = store::get(state.pool(), &id)
         .await?
         .ok_or(ApiError::AppNotFound(id))?;
-    Ok(Json(app))
+    let campaigns = store::campaigns_by_app(state.pool(), &[app.id.as_str()])
+        .await?
+        .remove(&app.id)
+        .unwrap_or_default();
+    let providers = state.worker().map(|w| w.providers()).unwrap_or_default();
+    let lanes = views::app_lanes(&providers);
+    Ok(Json(views::detail(
+        app,
+        &lanes,
+        campaigns,
+        unix_now_s(),
+        true,
+    )))
 }
 
 async fn put(

@@ -8,9 +8,12 @@ mod api;
 mod check;
 mod cli;
 mod rotation;
+mod run_logs;
 mod store;
+mod views;
 mod watcher;
 mod worker;
+mod worker_changes;
 
 use p256::pkcs8::{EncodePrivateKey, LineEnding};
 use pushpace::apps::{Keyring, MasterKey};
