@@ -79,6 +79,13 @@ impl Scheduler {
         self.app_gates.get(i).map(|g| &g.gate)
     }
 
+    /// The app and kind of app slot `slot` (no lock: the scheduler's own copy).
+    pub(super) fn app_key(&self, slot: u16) -> Option<&AppKey> {
+        let base = self.providers.apps().base();
+        let i = usize::from(slot.checked_sub(base)?);
+        self.app_gates.get(i).map(|g| &g.key)
+    }
+
     /// The epoch of `slot`'s provider (0 for a static one).
     pub(super) fn slot_epoch(&self, slot: u16) -> u32 {
         let base = self.providers.apps().base();

@@ -476,7 +476,7 @@ impl Scheduler {
                 waiting_for_app: (c.open_jobs > 0)
                     .then(|| self.waiting_for_app(c.provider))
                     .flatten(),
-                app_id: self.providers.apps().key(c.provider).map(|k| k.app_id),
+                app_id: self.app_key(c.provider).map(|k| k.app_id.clone()),
                 active: c.active,
                 sent: c.sent,
                 failed: c.failed,

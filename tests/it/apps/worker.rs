@@ -325,11 +325,22 @@ async fn a_refused_key_halts_only_its_app_until_its_key_is_fixed() {
         (1..=4).contains(&refusals),
         "probes before the halt: {refusals}"
     );
-    // The campaign waits for its app; it is not halted itself.
+    // The campaign waits for its app (once the worker's snapshot, at most 500 ms old,
+    // shows it); it is not halted itself.
+    wait_until_async(
+        "shop-b waiting for beta",
+        Duration::from_secs(5),
+        || async {
+            let c = r.campaign("shop-b").await;
+            c["live"]["waiting_for_app"]
+                .as_str()
+                .is_some_and(|w| w.contains("halted"))
+        },
+    )
+    .await;
     let c = r.campaign("shop-b").await;
     assert_eq!(c["status"], "active", "{c}");
-    let why = c["live"]["waiting_for_app"].as_str().unwrap_or_default();
-    assert!(why.contains("halted"), "{c}");
+    assert!(c["halt_reason"].is_null(), "{c}");
     // alpha goes on meanwhile.
     let before = alpha.delivered().0;
     tokio::time::sleep(Duration::from_secs(1)).await;
