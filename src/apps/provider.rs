@@ -6,8 +6,9 @@ use super::model::{Credentials, Limits};
 use super::AppKind;
 use crate::limiter::Rate;
 use crate::provider::ceiling::CeilingParams;
+use crate::provider::h2pool::ConnectionBudget;
 use crate::provider::settings::{
-    ApnsSpec, CommonSpec, FcmSpec, NamedProvider, ProviderSpec, WebPushSpec,
+    ApnsSpec, AppPooling, CommonSpec, FcmSpec, NamedProvider, ProviderSpec, WebPushSpec,
 };
 use crate::provider::ProviderError;
 use std::sync::Arc;
@@ -23,6 +24,9 @@ pub const APNS_TOKEN_REFRESH: Duration = Duration::from_secs(3000);
 pub const FCM_REFRESH_MARGIN: Duration = Duration::from_secs(300);
 /// VAPID JWT lifetime: 12 h, half the 24 h limit (as the providers').
 pub const VAPID_LIFETIME: Duration = Duration::from_secs(43_200);
+/// An app's FCM token is refreshed in the background only while it sent this recently:
+/// an hour, about one token's life, so an app that sends hourly never waits for one.
+pub const FCM_REFRESH_IF_USED_WITHIN: Duration = Duration::from_secs(3600);
 
 /// What an app's provider takes from the worker rather than from the app.
 #[derive(Clone, Debug)]
@@ -33,15 +37,25 @@ pub struct AppDefaults {
     pub max_in_flight: usize,
     /// `apps.ca_file`'s roots.
     pub ca_pem: Option<Arc<Vec<u8>>>,
+    /// `apps.idle_close_ms`.
+    pub idle_close: Duration,
+    /// The worker's budget of `apps.max_open_connections`, shared by every app's pool.
+    pub budget: Arc<ConnectionBudget>,
+    /// [`FCM_REFRESH_IF_USED_WITHIN`] (shorter in tests).
+    pub fcm_refresh_if_used_within: Duration,
 }
 
 impl AppDefaults {
-    /// From `[sender]` and `[apps]`.
+    /// From `[sender]` and `[apps]`. Makes the connection budget: call once per worker,
+    /// and clone.
     pub fn from_settings(settings: &crate::config::Settings) -> AppDefaults {
         AppDefaults {
             timeout: Duration::from_millis(settings.sender.timeout_ms),
             max_in_flight: settings.sender.max_in_flight,
             ca_pem: settings.apps.ca_pem.clone(),
+            idle_close: Duration::from_millis(settings.apps.idle_close_ms),
+            budget: ConnectionBudget::new(settings.apps.max_open_connections),
+            fcm_refresh_if_used_within: FCM_REFRESH_IF_USED_WITHIN,
         }
     }
 }
@@ -128,5 +142,10 @@ fn common(name: &str, l: &Limits, d: &AppDefaults) -> Result<CommonSpec, Provide
             usize::try_from(n).unwrap_or(usize::MAX)
         }),
         adaptive,
+        app: Some(AppPooling {
+            idle_close: d.idle_close,
+            budget: Arc::clone(&d.budget),
+            refresh_if_used_within: d.fcm_refresh_if_used_within,
+        }),
     })
 }

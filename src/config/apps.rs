@@ -8,6 +8,11 @@
 //!
 //! - `ca_file`: extra trusted roots (PEM) for the apps' providers, besides the webpki
 //!   roots: a private gateway, or the loopback mocks.
+//! - `idle_close_ms` (default 300000, 100–86400000): an app's provider connection with
+//!   no stream this long is closed; the next send reconnects.
+//! - `max_open_connections` (default 2000, 1–1000000): app connections one worker keeps
+//!   open; opening one more first closes the least recently used idle app's
+//!   (docs/PROVIDERS.md).
 //!
 //! The keys are read and checked once, at load, into a [`Keyring`]; a bad one fails
 //! start-up naming its key and never its content. Without a master key the registry
@@ -19,14 +24,36 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// `idle_close_ms` unless set: 5 minutes.
+pub const DEFAULT_IDLE_CLOSE_MS: u64 = 300_000;
+/// `max_open_connections` unless set.
+pub const DEFAULT_MAX_OPEN_CONNECTIONS: usize = 2000;
+const IDLE_CLOSE_RANGE: std::ops::RangeInclusive<u64> = 100..=86_400_000;
+const MAX_OPEN_RANGE: std::ops::RangeInclusive<usize> = 1..=1_000_000;
+
 /// The `[apps]` section, its keys read.
-#[derive(Clone, Default, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(try_from = "RawApps")]
 pub struct AppsSettings {
     /// `None`: no master key is configured.
     pub keyring: Option<Arc<Keyring>>,
     /// `ca_file`'s roots, trusted by every app's provider besides the webpki roots.
     pub ca_pem: Option<Arc<Vec<u8>>>,
+    /// Close an app connection with no stream this long.
+    pub idle_close_ms: u64,
+    /// App connections a worker keeps open (a soft cap: see docs/PROVIDERS.md).
+    pub max_open_connections: usize,
+}
+
+impl Default for AppsSettings {
+    fn default() -> Self {
+        AppsSettings {
+            keyring: None,
+            ca_pem: None,
+            idle_close_ms: DEFAULT_IDLE_CLOSE_MS,
+            max_open_connections: DEFAULT_MAX_OPEN_CONNECTIONS,
+        }
+    }
 }
 
 impl std::fmt::Debug for AppsSettings {
@@ -35,6 +62,8 @@ impl std::fmt::Debug for AppsSettings {
         f.debug_struct("AppsSettings")
             .field("master_key_ids", &ids)
             .field("ca_pem_bytes", &self.ca_pem.as_ref().map(|c| c.len()))
+            .field("idle_close_ms", &self.idle_close_ms)
+            .field("max_open_connections", &self.max_open_connections)
             .finish()
     }
 }
@@ -50,6 +79,18 @@ struct RawApps {
     old_master_key_files: Vec<PathBuf>,
     #[serde(default)]
     ca_file: Option<PathBuf>,
+    #[serde(default = "default_idle_close_ms")]
+    idle_close_ms: u64,
+    #[serde(default = "default_max_open_connections")]
+    max_open_connections: usize,
+}
+
+fn default_idle_close_ms() -> u64 {
+    DEFAULT_IDLE_CLOSE_MS
+}
+
+fn default_max_open_connections() -> usize {
+    DEFAULT_MAX_OPEN_CONNECTIONS
 }
 
 /// A list of paths, from a TOML array or a comma-separated string (environment, flags).
@@ -85,6 +126,19 @@ impl TryFrom<RawApps> for AppsSettings {
     type Error = String;
 
     fn try_from(raw: RawApps) -> Result<Self, String> {
+        if !IDLE_CLOSE_RANGE.contains(&raw.idle_close_ms) {
+            return Err(format!(
+                "apps.idle_close_ms: must be 100–86400000 (ms), not {}",
+                raw.idle_close_ms
+            ));
+        }
+        if !MAX_OPEN_RANGE.contains(&raw.max_open_connections) {
+            return Err(format!(
+                "apps.max_open_connections: must be 1–1000000, not {}",
+                raw.max_open_connections
+            ));
+        }
+        let (idle_close_ms, max_open_connections) = (raw.idle_close_ms, raw.max_open_connections);
         let ca_pem = raw
             .ca_file
             .as_deref()
@@ -122,6 +176,8 @@ impl TryFrom<RawApps> for AppsSettings {
             return Ok(AppsSettings {
                 keyring: None,
                 ca_pem,
+                idle_close_ms,
+                max_open_connections,
             });
         };
         let keyring =
@@ -129,6 +185,8 @@ impl TryFrom<RawApps> for AppsSettings {
         Ok(AppsSettings {
             keyring: Some(Arc::new(keyring)),
             ca_pem,
+            idle_close_ms,
+            max_open_connections,
         })
     }
 }
@@ -221,6 +279,39 @@ mod tests {
         for bad in [not_pem.display().to_string(), "/nonexistent/ca.pem".into()] {
             let e = load(&[format!("apps.ca_file={bad}")], &[]).unwrap_err();
             assert!(e.to_string().contains("apps.ca_file"), "{e}");
+        }
+    }
+
+    #[test]
+    fn connection_keys_default_take_overrides_and_are_bounded() {
+        let s = load(&[], &[]).unwrap();
+        assert_eq!(s.apps.idle_close_ms, 300_000);
+        assert_eq!(s.apps.max_open_connections, 2000);
+        let s = load(
+            &["apps.idle_close_ms=300".into()],
+            &[("PUSHPACE__APPS__MAX_OPEN_CONNECTIONS", "2".into())],
+        )
+        .unwrap();
+        assert_eq!(
+            (s.apps.idle_close_ms, s.apps.max_open_connections),
+            (300, 2)
+        );
+        let shown = format!("{:?}", s.apps);
+        assert!(
+            shown.contains("idle_close_ms: 300") && shown.contains("max_open_connections: 2"),
+            "{shown}"
+        );
+        for (bad, key) in [
+            ("apps.idle_close_ms=99", "apps.idle_close_ms"),
+            ("apps.idle_close_ms=86400001", "apps.idle_close_ms"),
+            ("apps.max_open_connections=0", "apps.max_open_connections"),
+            (
+                "apps.max_open_connections=1000001",
+                "apps.max_open_connections",
+            ),
+        ] {
+            let e = load(&[bad.into()], &[]).unwrap_err().to_string();
+            assert!(e.contains(key), "{bad}: {e}");
         }
     }
 

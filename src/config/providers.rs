@@ -244,6 +244,7 @@ fn implicit(sender: &SenderSettings) -> NamedProvider {
                 timeout: Duration::from_millis(sender.timeout_ms),
                 max_in_flight: sender.max_in_flight,
                 adaptive: Some(default_adaptive()),
+                app: None,
             },
         }),
     };
@@ -341,6 +342,7 @@ impl Ctx<'_> {
             timeout: Duration::from_millis(timeout_ms),
             max_in_flight,
             adaptive: self.adaptive()?,
+            app: None,
         })
     }
 

@@ -4,11 +4,13 @@
 //! written by hand so that none is ever printed (`pushpace config` prints `Debug`).
 
 use super::ceiling::CeilingParams;
+use super::h2pool::ConnectionBudget;
 use super::ProviderKind;
 use crate::limiter::Rate;
 use secrecy::SecretString;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What `Debug` shows in place of a secret.
@@ -99,6 +101,23 @@ pub struct CommonSpec {
     pub max_in_flight: usize,
     /// The adaptive ceiling's law (`None`: `adaptive = false`).
     pub adaptive: Option<CeilingParams>,
+    /// An app's provider: what it shares with the worker's other apps. `None` for a
+    /// `[providers.*]` provider, which keeps its connections and tokens as always.
+    pub app: Option<AppPooling>,
+}
+
+/// How an app's provider holds its connections and tokens (`[apps]`, issue 55): many
+/// apps are registered, few send at a time, so idle ones let go of what they hold.
+#[derive(Clone, Debug)]
+pub struct AppPooling {
+    /// Close a connection that has had no stream for this long (`apps.idle_close_ms`).
+    pub idle_close: Duration,
+    /// The worker's open-connection budget, one for all app pools
+    /// (`apps.max_open_connections`).
+    pub budget: Arc<ConnectionBudget>,
+    /// FCM: refresh the access token in the background only while the app sent within
+    /// this long; after that, its next send fetches one.
+    pub refresh_if_used_within: Duration,
 }
 
 impl CommonSpec {
@@ -112,6 +131,7 @@ impl CommonSpec {
             timeout: Duration::from_secs(10),
             max_in_flight: 100,
             adaptive: Some(CeilingParams::default()),
+            app: None,
         }
     }
 }
@@ -125,6 +145,7 @@ impl fmt::Debug for CommonSpec {
             .field("timeout", &self.timeout)
             .field("max_in_flight", &self.max_in_flight)
             .field("adaptive", &self.adaptive)
+            .field("app", &self.app)
             .finish()
     }
 }

@@ -203,6 +203,7 @@ async fn the_apns_mock_process_serves_the_adapter_with_the_files_it_writes() {
             timeout: std::time::Duration::from_secs(10),
             max_in_flight: 10,
             adaptive: None,
+            app: None,
         },
     };
     let sender = ApnsSender::new(&spec).expect("sender");

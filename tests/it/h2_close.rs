@@ -87,6 +87,8 @@ fn config(ca: &TestCa, url: &str) -> PoolConfig {
         timeout: Duration::from_secs(10),
         one_stream_until_ok: false,
         idle_ping: Duration::from_secs(3600),
+        idle_close: None,
+        budget: None,
     }
 }
 

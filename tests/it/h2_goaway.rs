@@ -113,6 +113,8 @@ fn pool(server: &Hypercorn, connections: usize) -> Arc<H2Pool> {
         timeout: SEND_TIMEOUT,
         one_stream_until_ok: true,
         idle_ping: Duration::from_secs(3600),
+        idle_close: None,
+        budget: None,
     })
     .expect("pool")
 }

@@ -86,6 +86,8 @@ impl ApnsSender {
             timeout: spec.common.timeout,
             one_stream_until_ok: true,
             idle_ping: IDLE_PING,
+            idle_close: spec.common.app.as_ref().map(|a| a.idle_close),
+            budget: spec.common.app.as_ref().map(|a| a.budget.clone()),
         })
         .map_err(config)?;
         let metrics = AnswerMetrics::new(&name);

@@ -123,6 +123,8 @@ impl FcmSender {
             timeout: spec.common.timeout,
             one_stream_until_ok: false,
             idle_ping: IDLE_PING,
+            idle_close: spec.common.app.as_ref().map(|a| a.idle_close),
+            budget: spec.common.app.as_ref().map(|a| a.budget.clone()),
         })
         .map_err(|problem| ProviderError::Config {
             provider: spec.name.clone(),

@@ -1,13 +1,18 @@
 //! One provider connection: TCP, TLS (ALPN h2 checked), the HTTP/2 handshake, a driver
-//! task that also PINGs the connection when idle, and one exchange (a stream) per send.
+//! task that also PINGs the connection when idle (and, in an app pool, closes it after
+//! `idle_close` without a stream), and one exchange (a stream) per send.
 
+use super::budget::Ticket;
+use super::slots::Retire;
 use super::{Answer, Failure, H2Pool, MAX_ANSWER_BODY};
 use bytes::{Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{Ping, PingPong, Reason};
 use http::Request;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::{oneshot, Semaphore};
@@ -21,6 +26,8 @@ pub(super) struct Conn {
     /// `one_stream_until_ok`: one permit until the first 2xx, then closed (all pass).
     gate: Option<Semaphore>,
     activity: Arc<Activity>,
+    /// The pool closes idle connections: streams stamp their start and end.
+    stamps: bool,
 }
 
 /// What a connection and its driver share.
@@ -38,12 +45,18 @@ struct Activity {
     holders: AtomicUsize,
     /// Why the connection ended, kept for the judgement (not touched per send).
     end_reason: Mutex<Option<String>>,
-    /// Whether its early end was counted already.
+    /// Whether its early end was counted already (or it was closed on purpose).
     counted: AtomicBool,
+    /// Streams in flight: a connection with one is never closed for idleness.
+    streams: AtomicUsize,
+    /// When a stream last started or ended (pool clock, ms); kept with `idle_close`.
+    stream_ms: AtomicU64,
+    /// Its place in the app connection budget.
+    ticket: Option<Ticket>,
 }
 
 impl Activity {
-    fn new(now_ms: u64) -> Activity {
+    fn new(now_ms: u64, ticket: Option<Ticket>) -> Activity {
         Activity {
             active_ms: AtomicU64::new(now_ms),
             answered: AtomicBool::new(false),
@@ -51,6 +64,15 @@ impl Activity {
             holders: AtomicUsize::new(1),
             end_reason: Mutex::new(None),
             counted: AtomicBool::new(false),
+            streams: AtomicUsize::new(0),
+            stream_ms: AtomicU64::new(now_ms),
+            ticket,
+        }
+    }
+
+    fn release_budget(&self) {
+        if let Some(ticket) = &self.ticket {
+            ticket.release();
         }
     }
 
@@ -85,12 +107,17 @@ struct Hold<'a>(&'a Conn);
 impl<'a> Hold<'a> {
     fn new(conn: &'a Conn) -> Self {
         conn.activity.hold();
+        conn.activity.streams.fetch_add(1, AcqRel);
+        conn.stamp_stream();
         Hold(conn)
     }
 }
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
+        // Stamped before the count drops, so the driver never sees it idle and old.
+        self.0.stamp_stream();
+        self.0.activity.streams.fetch_sub(1, AcqRel);
         if let Some(reason) = self.0.activity.release() {
             if let Some(pool) = self.0.pool.upgrade() {
                 pool.connection_failed(self.0.slot, &reason);
@@ -106,6 +133,7 @@ impl Conn {
         pool: &Arc<H2Pool>,
         slot: usize,
         generation: u64,
+        ticket: Option<Ticket>,
     ) -> Result<Arc<Conn>, String> {
         let limit = pool.config.connect_timeout;
         let setup = async {
@@ -128,7 +156,7 @@ impl Conn {
             let ping = connection
                 .ping_pong()
                 .ok_or_else(|| "HTTP/2 PING unavailable".to_string())?;
-            let activity = Arc::new(Activity::new(pool.now_ms()));
+            let activity = Arc::new(Activity::new(pool.now_ms(), ticket));
             let (ready_tx, ready_rx) = oneshot::channel();
             let driver = Driver {
                 pool: Arc::downgrade(pool),
@@ -152,6 +180,7 @@ impl Conn {
             pool: Arc::downgrade(pool),
             gate: pool.config.one_stream_until_ok.then(|| Semaphore::new(1)),
             activity,
+            stamps: pool.config.idle_close.is_some(),
         }))
     }
 
@@ -239,6 +268,39 @@ impl Conn {
             pool.forget(self.slot, self.generation);
         }
     }
+
+    /// No stream in flight.
+    pub(super) fn idle(&self) -> bool {
+        self.activity.streams.load(Acquire) == 0
+    }
+
+    /// Its slot let go of it on purpose (idle): no failure to judge, its budget place
+    /// given back now (h2 closes it once the last send holding it is done).
+    pub(super) fn retire(&self) {
+        self.activity.counted.store(true, Relaxed);
+        self.release_budget();
+    }
+
+    pub(super) fn release_budget(&self) {
+        self.activity.release_budget();
+    }
+
+    fn stamp_stream(&self) {
+        if !self.stamps {
+            return;
+        }
+        if let Some(pool) = self.pool.upgrade() {
+            self.activity.stream_ms.store(pool.now_ms(), Relaxed);
+        }
+    }
+}
+
+/// How the connection future ended, as a reason.
+fn closed(result: Result<(), h2::Error>) -> String {
+    match result {
+        Ok(()) => "closed".to_string(),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// Reads the answer: at most [`MAX_ANSWER_BODY`] bytes of its body are kept (the rest is
@@ -293,20 +355,41 @@ struct Driver {
     activity: Arc<Activity>,
 }
 
+/// Why the driver stopped keeping its connection alive.
+enum Stop {
+    /// The connection itself ended.
+    Ended(String),
+    /// A PING failed, or the pool is gone: dropped at once.
+    Failed(String),
+    /// Idle past `idle_close` and let go of by its slot: driven on until h2 has sent
+    /// its GOAWAY and closed it, for at most `grace` (a send that took it just before
+    /// may still finish on it; sends are bounded by the send timeout).
+    Idle { grace: Duration },
+}
+
+/// Beyond the send timeout, how long an idle-closed connection may take to close.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
 impl Driver {
     async fn run<C>(self, connection: C, mut ping: PingPong, ready: oneshot::Sender<()>)
     where
         C: std::future::Future<Output = Result<(), h2::Error>>,
     {
-        let ended = tokio::select! {
-            result = connection => match result {
-                Ok(()) => "closed".to_string(),
-                Err(e) => e.to_string(),
+        tokio::pin!(connection);
+        let stop = tokio::select! {
+            result = &mut connection => Stop::Ended(closed(result)),
+            stop = self.keep_alive(&mut ping, ready) => stop,
+        };
+        let ended = match stop {
+            Stop::Ended(reason) | Stop::Failed(reason) => reason,
+            Stop::Idle { grace } => match tokio::time::timeout(grace, &mut connection).await {
+                Ok(result) => format!("closed when idle ({})", closed(result)),
+                Err(_) => "closed when idle (dropped: not closed within the grace)".into(),
             },
-            reason = self.keep_alive(&mut ping, ready) => reason,
         };
         self.activity.end(&ended);
         let early = self.activity.release();
+        self.activity.release_budget();
         if let Some(pool) = self.pool.upgrade() {
             tracing::debug!(pool = %pool.config.name, reason = %ended, "provider connection ended");
             pool.forget(self.slot, self.generation);
@@ -316,29 +399,53 @@ impl Driver {
         }
     }
 
-    /// The first PING (readiness), then one per idle period; returns why to close.
-    async fn keep_alive(&self, ping: &mut PingPong, ready: oneshot::Sender<()>) -> String {
+    /// The first PING (readiness), then one per idle period; with `idle_close`, the
+    /// connection's slot lets go of it once it has had no stream that long.
+    async fn keep_alive(&self, ping: &mut PingPong, ready: oneshot::Sender<()>) -> Stop {
         if let Err(reason) = self.ping(ping).await {
-            return reason;
+            return Stop::Failed(reason);
         }
         self.activity.opened.store(true, Relaxed);
         let _ = ready.send(());
         loop {
             let Some(pool) = self.pool.upgrade() else {
-                return "pool dropped".into();
+                return Stop::Failed("pool dropped".into());
             };
+            let now = pool.now_ms();
             let idle_ping = pool.config.idle_ping.max(Duration::from_millis(1));
-            let idle = pool
-                .now_ms()
-                .saturating_sub(self.activity.active_ms.load(Relaxed));
-            let wait = idle_ping.saturating_sub(Duration::from_millis(idle));
+            let idle = now.saturating_sub(self.activity.active_ms.load(Relaxed));
+            let mut wait = idle_ping.saturating_sub(Duration::from_millis(idle));
+            if let Some(close) = pool.config.idle_close {
+                let close = close.max(Duration::from_millis(1));
+                if self.activity.streams.load(Acquire) > 0 {
+                    // Looked at again at least every `close` while streams run.
+                    wait = wait.min(close);
+                } else {
+                    let unused = now.saturating_sub(self.activity.stream_ms.load(Relaxed));
+                    let left = close.saturating_sub(Duration::from_millis(unused));
+                    if left.is_zero() {
+                        match pool.retire_if_idle(self.slot, Some(self.generation)) {
+                            // A stream started meanwhile: kept.
+                            Retire::Busy => continue,
+                            Retire::Retired | Retire::Gone => {
+                                tracing::debug!(pool = %pool.config.name, unused_ms = unused,
+                                    "idle provider connection closing");
+                                return Stop::Idle {
+                                    grace: pool.config.timeout + CLOSE_GRACE,
+                                };
+                            }
+                        }
+                    }
+                    wait = wait.min(left);
+                }
+            }
             drop(pool);
             if !wait.is_zero() {
                 tokio::time::sleep(wait).await;
                 continue;
             }
             if let Err(reason) = self.ping(ping).await {
-                return reason;
+                return Stop::Failed(reason);
             }
             if let Some(pool) = self.pool.upgrade() {
                 pool.pings_answered.fetch_add(1, Relaxed);
@@ -370,7 +477,7 @@ mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
     fn opened() -> Activity {
-        let activity = Activity::new(0);
+        let activity = Activity::new(0, None);
         activity.opened.store(true, Relaxed);
         activity
     }
@@ -412,7 +519,7 @@ mod tests {
 
     #[test]
     fn a_connection_that_never_opened_is_the_connect_attempts_failure() {
-        let activity = Activity::new(0);
+        let activity = Activity::new(0, None);
         activity.end("closed");
         assert_eq!(activity.release(), None);
     }

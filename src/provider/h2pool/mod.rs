@@ -17,12 +17,21 @@
 //!   with REFUSED_STREAM, or not sent at all) is resent on another connection, a few
 //!   times at most; one that may have been processed is never resent here.
 //!
+//! - An app's pool (`idle_close`, `budget` set; issue 55): a connection that has had no
+//!   stream for `idle_close` is closed (its slot lets go of it and h2 closes it with a
+//!   GOAWAY once no send holds it; one with a stream in flight never is) instead of
+//!   being kept by PINGs, and the next send reconnects. Each open first asks the
+//!   worker's [`ConnectionBudget`], which at its cap closes the least recently used
+//!   idle app pool's connections. A `[providers.*]` pool has neither.
+//!
 //! Everything a send does, resends included, is bounded by the send `timeout`.
 
+mod budget;
 mod connection;
 mod counts;
 mod slots;
 
+pub use budget::ConnectionBudget;
 pub use counts::TransportCounts;
 
 use crate::provider::ceiling::Signal;
@@ -33,7 +42,9 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Request, StatusCode, Uri};
 use rustls::pki_types::ServerName;
 use slots::Slot;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,6 +77,10 @@ pub struct PoolConfig {
     pub one_stream_until_ok: bool,
     /// PING a connection idle this long.
     pub idle_ping: Duration,
+    /// Close a connection with no stream for this long (`None`: keep it, PINGed).
+    pub idle_close: Option<Duration>,
+    /// The open-connection budget this pool shares (`None`: uncapped).
+    pub budget: Option<Arc<ConnectionBudget>>,
 }
 
 /// A provider's answer. The body is at most [`MAX_ANSWER_BODY`] bytes, and may be cut
@@ -145,6 +160,57 @@ pub struct H2Pool {
     pings_answered: AtomicU64,
     counters: counts::Counters,
     epoch: Instant,
+    /// With a budget: this pool's member id and use (else unused).
+    member: u64,
+    usage: Usage,
+}
+
+/// What the budget reads of a pool: sends in flight and when one last started or ended
+/// (the budget's clock). Kept only for a pool with a budget.
+#[derive(Default)]
+struct Usage {
+    in_flight: AtomicUsize,
+    last_used_ms: AtomicU64,
+}
+
+/// One send's mark on its pool's [`Usage`], taken off however the send ends.
+struct InUse<'a>(&'a H2Pool);
+
+impl<'a> InUse<'a> {
+    fn new(pool: &'a H2Pool) -> Option<InUse<'a>> {
+        let budget = pool.config.budget.as_ref()?;
+        pool.usage.in_flight.fetch_add(1, AcqRel);
+        pool.usage.last_used_ms.store(budget.now_ms(), Relaxed);
+        Some(InUse(pool))
+    }
+}
+
+impl Drop for InUse<'_> {
+    fn drop(&mut self) {
+        if let Some(budget) = &self.0.config.budget {
+            self.0.usage.last_used_ms.store(budget.now_ms(), Relaxed);
+        }
+        self.0.usage.in_flight.fetch_sub(1, AcqRel);
+    }
+}
+
+impl budget::Member for H2Pool {
+    fn idle_since(&self) -> Option<u64> {
+        (self.usage.in_flight.load(Acquire) == 0).then(|| self.usage.last_used_ms.load(Relaxed))
+    }
+
+    fn close_idle(&self) -> usize {
+        if self.usage.in_flight.load(Acquire) > 0 {
+            return 0;
+        }
+        let closed = (0..self.slots.len())
+            .filter(|&i| self.retire_if_idle(i, None) == slots::Retire::Retired)
+            .count();
+        if closed > 0 {
+            tracing::debug!(pool = %self.config.name, closed, "idle app connections closed for the budget");
+        }
+        closed
+    }
 }
 
 impl std::fmt::Debug for H2Pool {
@@ -185,6 +251,8 @@ impl H2Pool {
             pings_answered: AtomicU64::new(0),
             counters: counts::Counters::default(),
             epoch: Instant::now(),
+            member: config.budget.as_ref().map_or(0, |b| b.member_id()),
+            usage: Usage::default(),
             config,
         }))
     }
@@ -226,6 +294,7 @@ impl H2Pool {
         body: Bytes,
     ) -> Result<Answer, TransportError> {
         let request = self.prepare(request, body.len());
+        let _in_use = InUse::new(self);
         match tokio::time::timeout(self.config.timeout, self.send_with_resends(request, body)).await
         {
             Ok(result) => result,

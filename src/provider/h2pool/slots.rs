@@ -2,11 +2,12 @@
 //! attempt at a time), and backs off after a failed connect so that a provider that
 //! cannot be reached sees a handful of attempts, not one per send.
 
+use super::budget::Member;
 use super::connection::Conn;
 use super::{H2Pool, TransportError};
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// The first wait after a failed connect; it doubles per failure up to [`BACKOFF_MAX`].
@@ -92,9 +93,14 @@ impl H2Pool {
         if let Some(error) = slot.backing_off(self) {
             return Err(error);
         }
+        // An app pool asks the budget first (it may close another pool's idle ones).
+        let ticket = self.config.budget.as_ref().map(|budget| {
+            let me: Weak<dyn Member> = Arc::downgrade(self) as Weak<dyn Member>;
+            budget.admit(self.member, &me)
+        });
         self.connect_attempts.fetch_add(1, Relaxed);
         let generation = self.generations.fetch_add(1, Relaxed) + 1;
-        match Conn::connect(self, index, generation).await {
+        match Conn::connect(self, index, generation, ticket).await {
             Ok(conn) => {
                 slot.connected(conn.clone());
                 tracing::debug!(pool = %self.config.name, slot = index, "provider connection open");
@@ -126,7 +132,38 @@ impl H2Pool {
     pub(super) fn forget(&self, index: usize, generation: u64) {
         let mut live = self.slots[index].live.lock();
         if live.as_ref().is_some_and(|c| c.generation == generation) {
-            *live = None;
+            if let Some(conn) = live.take() {
+                conn.release_budget();
+            }
         }
     }
+
+    /// Lets go of slot `index`'s connection (generation `generation`, or any) when it
+    /// has no stream in flight: h2 closes it with a GOAWAY once no send holds it.
+    pub(super) fn retire_if_idle(&self, index: usize, generation: Option<u64>) -> Retire {
+        let mut live = self.slots[index].live.lock();
+        let Some(conn) = live.as_ref() else {
+            return Retire::Gone;
+        };
+        if generation.is_some_and(|g| g != conn.generation) {
+            return Retire::Gone;
+        }
+        if !conn.idle() {
+            return Retire::Busy;
+        }
+        if let Some(conn) = live.take() {
+            conn.retire();
+        }
+        Retire::Retired
+    }
+}
+
+/// What [`H2Pool::retire_if_idle`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retire {
+    Retired,
+    /// A stream is in flight on it: kept.
+    Busy,
+    /// The slot holds no such connection (any more).
+    Gone,
 }

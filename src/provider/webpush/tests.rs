@@ -18,6 +18,7 @@ fn spec(key: SecretString, subject: &str) -> WebPushSpec {
             timeout: Duration::from_secs(5),
             max_in_flight: 100,
             adaptive: Some(crate::provider::ceiling::CeilingParams::default()),
+            app: None,
         },
     }
 }

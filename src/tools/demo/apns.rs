@@ -218,6 +218,7 @@ fn apns_provider(
                 timeout: Duration::from_millis(settings.sender.timeout_ms),
                 max_in_flight: settings.sender.max_in_flight,
                 adaptive: Some(crate::provider::ceiling::CeilingParams::default()),
+                app: None,
             },
         }),
     }
