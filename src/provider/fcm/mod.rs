@@ -4,7 +4,7 @@
 //! - [`account`]: the service account JSON.
 //! - [`oauth`]: the access token, cached and refreshed in a background task (sends wait
 //!   only for the very first token, or when the endpoint has been down past the token's
-//!   expiry).
+//!   expiry; an app's, after an idle hour, also for the token its next send asks for).
 //! - [`body`]: `{"message":{"token":…, <the job's payload members>}}` in one buffer; the
 //!   job's options become `android` fields unless the payload has its own `android`.
 //! - [`answer`]: the answer's class (docs/PROVIDERS.md).
@@ -18,6 +18,7 @@ pub mod answer;
 pub mod body;
 mod check;
 pub mod oauth;
+mod use_gate;
 
 pub use check::check;
 
@@ -72,6 +73,7 @@ pub(crate) fn token_config(spec: &FcmSpec) -> TokenConfig {
         request_timeout: spec.common.timeout,
         wait: spec.common.timeout,
         ca_pem: spec.common.ca_pem.clone(),
+        refresh_if_used_within: spec.common.app.as_ref().map(|a| a.refresh_if_used_within),
     }
 }
 

@@ -11,10 +11,15 @@
 //! A token the endpoint *refuses* (4xx other than 408/429: `invalid_grant`, a revoked or
 //! wrong key) is a configuration error: `Halt{Provider}`; the task still retries, slowly.
 //!
+//! With `refresh_if_used_within` (an app's FCM) the task fetches only while a send asked
+//! within that window ([`super::use_gate`]); an idle app's next send wakes it and waits
+//! for the token like a first send.
+//!
 //! The access token lives only in a sensitive `HeaderValue`; `Debug` and logs never show
 //! it, nor the assertion.
 
 use super::account::ServiceAccount;
+use super::use_gate::UseGate;
 use crate::provider::ProviderError;
 use crate::sender::{backoff_ceiling, HaltScope, SendOutcome};
 use http::HeaderValue;
@@ -54,6 +59,23 @@ pub struct TokenConfig {
     pub wait: Duration,
     /// Extra trusted roots for the token endpoint (PEM).
     pub ca_pem: Option<Vec<u8>>,
+    /// Refresh only while a send asked for the token within this long (`None`: always).
+    pub refresh_if_used_within: Option<Duration>,
+}
+
+/// Where the refresher gets a token: the token endpoint ([`Fetcher`]), or a test's.
+pub trait Fetch: Send + Sync + 'static {
+    fn fetch(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(HeaderValue, Duration), TokenError>> + Send;
+}
+
+impl Fetch for Fetcher {
+    fn fetch(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(HeaderValue, Duration), TokenError>> + Send {
+        Fetcher::fetch(self)
+    }
 }
 
 /// The `authorization` header of one token, with its generation (to ask for a newer
@@ -254,6 +276,7 @@ struct State {
     force: Notify,
     forced: AtomicU64,
     generation: AtomicU64,
+    uses: UseGate,
 }
 
 impl State {
@@ -289,7 +312,7 @@ impl Drop for TokenSource {
 
 impl TokenSource {
     /// Starts the refresher (needs a tokio runtime).
-    pub fn start(provider: &str, fetcher: Fetcher, cfg: &TokenConfig) -> Self {
+    pub fn start<F: Fetch>(provider: &str, fetcher: F, cfg: &TokenConfig) -> Self {
         let state = Arc::new(State {
             current: RwLock::new(None),
             last_error: Mutex::new(None),
@@ -297,6 +320,7 @@ impl TokenSource {
             force: Notify::new(),
             forced: AtomicU64::new(0),
             generation: AtomicU64::new(0),
+            uses: UseGate::new(cfg.refresh_if_used_within),
         });
         let task = tokio::spawn(refresh_loop(
             Arc::clone(&state),
@@ -313,6 +337,7 @@ impl TokenSource {
 
     /// The current token; waits (bounded) only when there is no valid one.
     pub async fn bearer(&self) -> Result<Bearer, TokenError> {
+        self.state.uses.used();
         if let Some(b) = self.state.usable(0) {
             return Ok(b);
         }
@@ -322,6 +347,7 @@ impl TokenSource {
     /// After a 401 with `rejected`: asks for a new token at once and waits (bounded)
     /// for one newer than it.
     pub async fn refresh_after(&self, rejected: &Bearer) -> Result<Bearer, TokenError> {
+        self.state.uses.used();
         if let Some(b) = self.state.usable(rejected.generation) {
             return Ok(b);
         }
@@ -369,9 +395,13 @@ pub fn refresh_delay(ttl: Duration, margin: Duration) -> Duration {
     }
 }
 
-async fn refresh_loop(state: Arc<State>, fetcher: Fetcher, margin: Duration, name: Arc<str>) {
+async fn refresh_loop<F: Fetch>(state: Arc<State>, fetcher: F, margin: Duration, name: Arc<str>) {
     let mut failures = 0u32;
     loop {
+        // An app unused for its window stops here until its next send.
+        if state.uses.until_used(&name).await {
+            tracing::debug!(provider = %name, "FCM token refresh resumed by a send");
+        }
         let asked = Instant::now();
         match fetcher.fetch().await {
             Ok((header, ttl)) => {
@@ -449,6 +479,81 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A token endpoint that grants at once and counts its grants.
+    struct Counting(Arc<AtomicU64>);
+
+    impl Fetch for Counting {
+        fn fetch(
+            &self,
+        ) -> impl std::future::Future<Output = Result<(HeaderValue, Duration), TokenError>> + Send
+        {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok((HeaderValue::from_static("Bearer t"), HOUR)))
+        }
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    /// One-hour tokens refreshed 5 minutes early: a grant every 55 minutes.
+    fn source(window: Option<Duration>) -> (TokenSource, Arc<AtomicU64>) {
+        let grants = Arc::new(AtomicU64::new(0));
+        let cfg = TokenConfig {
+            margin: 5 * MINUTE,
+            request_timeout: Duration::from_secs(10),
+            wait: Duration::from_secs(10),
+            ca_pem: None,
+            refresh_if_used_within: window,
+        };
+        (
+            TokenSource::start("p", Counting(grants.clone()), &cfg),
+            grants,
+        )
+    }
+
+    fn count(grants: &AtomicU64) -> u64 {
+        grants.load(Ordering::SeqCst)
+    }
+
+    /// Paused time: the clock jumps only when every task waits, so each refresh falls
+    /// exactly on its due instant.
+    #[tokio::test(start_paused = true)]
+    async fn an_unused_apps_token_stops_refreshing_until_its_next_send() {
+        let (app, app_grants) = source(Some(HOUR));
+        let (fixed, fixed_grants) = source(None);
+        app.bearer().await.unwrap();
+        fixed.bearer().await.unwrap();
+        tokio::time::sleep(56 * MINUTE).await;
+        // At 55 min the last send (at 0) is within the hour: refreshed.
+        assert_eq!(count(&app_grants), 2);
+        tokio::time::sleep(5 * HOUR).await;
+        // At 110 min it is not: no more grants, however long.
+        assert_eq!(count(&app_grants), 2);
+        // The static provider refreshed all along: at 0, 55, 110, …, 330 min.
+        assert_eq!(count(&fixed_grants), 7);
+        // The token expired at 115 min: the send waits for a fresh one.
+        let before = tokio::time::Instant::now();
+        let b = app.bearer().await.unwrap();
+        assert_eq!((b.generation, count(&app_grants)), (3, 3));
+        assert!(before.elapsed() < Duration::from_secs(1), "fetched at once");
+        // And refreshing resumed: 55 min after that grant.
+        tokio::time::sleep(56 * MINUTE).await;
+        assert_eq!(count(&app_grants), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_while_dormant_with_a_valid_token_uses_it_and_wakes_the_refresher() {
+        let (app, grants) = source(Some(30 * MINUTE));
+        app.bearer().await.unwrap();
+        // Due at 55 min, unused since 0 past the 30-min window: dormant, token valid to 60.
+        tokio::time::sleep(57 * MINUTE).await;
+        assert_eq!(count(&grants), 1);
+        let b = app.bearer().await.unwrap();
+        assert_eq!(b.generation, 1, "the valid token, no wait");
+        tokio::time::sleep(MINUTE).await;
+        assert_eq!(count(&grants), 2, "the refresher woke and fetched");
     }
 
     #[test]
