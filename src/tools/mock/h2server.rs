@@ -4,9 +4,10 @@
 //! (over 64 KiB: 413 without calling the handler).
 //!
 //! [`Controls`] count what the transport did (connections, streams, GOAWAYs, the most
-//! streams seen at once on one connection, before and after its first 2xx) and change
-//! the server's behaviour at run time: a stream limit (SETTINGS), GOAWAY after N
-//! streams, stalling (no frames read or written, so PINGs go unanswered).
+//! streams seen at once on one connection, before and after its first 2xx; the
+//! connections open now) and change the server's behaviour at run time: a stream limit
+//! (SETTINGS), GOAWAY after N streams, stalling (no frames read or written, so PINGs go
+//! unanswered), holding answers (streams wait before the handler, PINGs are answered).
 //!
 //! GOAWAY after N streams: h2 can only announce the highest stream it has received as
 //! `last_stream_id`, so streams beyond the N-th that already arrived are refused with
@@ -87,6 +88,12 @@ pub struct Controls {
     stalled: AtomicBool,
     hang_up: AtomicBool,
     stall_changed: tokio::sync::Notify,
+    /// Connections whose serving has not ended.
+    open: AtomicU64,
+    /// Streams wait before the handler while set.
+    hold: AtomicBool,
+    held: AtomicU64,
+    hold_changed: tokio::sync::Notify,
     /// The first error a connection ended on (its in-flight answers are lost with it).
     first_error: Mutex<Option<String>>,
 }
@@ -95,6 +102,20 @@ impl Controls {
     /// TLS connections accepted with ALPN h2.
     pub fn connections(&self) -> u64 {
         self.connections.load(SeqCst)
+    }
+    /// HTTP/2 connections open now (accepted, not yet closed by either side).
+    pub fn open_connections(&self) -> u64 {
+        self.open.load(SeqCst)
+    }
+    /// While set, each new stream waits before the handler (its send stays in flight);
+    /// clearing it lets them all go on.
+    pub fn set_hold(&self, hold: bool) {
+        self.hold.store(hold, SeqCst);
+        self.hold_changed.notify_waiters();
+    }
+    /// Streams waiting on [`Controls::set_hold`] now.
+    pub fn held_streams(&self) -> u64 {
+        self.held.load(SeqCst)
     }
     /// Handshakes dropped because the client offered no ALPN or not h2.
     pub fn refused_handshakes(&self) -> u64 {
@@ -150,6 +171,16 @@ impl Controls {
         loop {
             let changed = self.stall_changed.notified();
             if !self.stalled.load(SeqCst) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    async fn wait_unheld(&self) {
+        loop {
+            let changed = self.hold_changed.notified();
+            if !self.hold.load(SeqCst) {
                 return;
             }
             changed.await;
@@ -268,6 +299,22 @@ async fn accept_loop<H: Handler>(
     }
 }
 
+/// Counts a connection open until its serving ends, however it ends.
+struct OpenGuard<'a>(&'a Controls);
+
+impl<'a> OpenGuard<'a> {
+    fn new(controls: &'a Controls) -> Self {
+        controls.open.fetch_add(1, SeqCst);
+        OpenGuard(controls)
+    }
+}
+
+impl Drop for OpenGuard<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, SeqCst);
+    }
+}
+
 /// Per-connection stream accounting.
 #[derive(Default)]
 struct ConnState {
@@ -302,6 +349,7 @@ async fn serve_connection<H: Handler>(tcp: TcpStream, shared: Arc<Shared<H>>) {
         return;
     };
     let connection = controls.connections.fetch_add(1, SeqCst) + 1;
+    let _open = OpenGuard::new(controls);
     let state = Arc::new(ConnState::default());
     let mut accepted = 0u64;
     let mut going_away = false;
@@ -396,6 +444,11 @@ async fn serve_stream<H: Handler>(
     controls.max_concurrent.fetch_max(now, SeqCst);
     if !state.ok_seen.load(SeqCst) {
         controls.max_concurrent_before_ok.fetch_max(now, SeqCst);
+    }
+    if controls.hold.load(SeqCst) {
+        controls.held.fetch_add(1, SeqCst);
+        controls.wait_unheld().await;
+        controls.held.fetch_sub(1, SeqCst);
     }
     let (head, body) = request.into_parts();
     let response = match read_body(body).await {

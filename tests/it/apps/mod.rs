@@ -7,6 +7,7 @@
 mod api;
 mod check;
 mod cli;
+mod pools;
 mod rotation;
 mod run_logs;
 mod store;
