@@ -1,4 +1,6 @@
-//! The dashboard page and its static assets, compiled into the binary.
+//! The dashboard page and its static assets, compiled into the binary: the overview
+//! (`/`), a campaign's page (`#/campaign/ID`) and the apps page (`#/apps`, read with
+//! the admin token the page asks for).
 //!
 //! uPlot (MIT, by Leon Sorokin) is vendored from the npm registry's `uplot` package as
 //! `assets/uPlot.iife.min.js`, `assets/uPlot.min.css` and its licence. The page loads
@@ -14,6 +16,7 @@ const INDEX: &str = include_str!("assets/index.html");
 const SCRIPT: &str = include_str!("assets/dashboard.js");
 const COMMON: &str = include_str!("assets/common.js");
 const CAMPAIGN: &str = include_str!("assets/campaign.js");
+const APPS: &str = include_str!("assets/apps.js");
 const STYLE: &str = include_str!("assets/dashboard.css");
 const UPLOT_JS: &str = include_str!("assets/uPlot.iife.min.js");
 const UPLOT_CSS: &str = include_str!("assets/uPlot.min.css");
@@ -51,6 +54,10 @@ pub(super) fn routes() -> Router<AppState> {
         .route(
             "/assets/campaign.js",
             get(|| async { asset("text/javascript; charset=utf-8", CAMPAIGN) }),
+        )
+        .route(
+            "/assets/apps.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APPS) }),
         )
         .route(
             "/assets/dashboard.css",

@@ -2,8 +2,10 @@
 //! DevTools protocol, while a real worker sends a campaign: the chart draws points and
 //! the send_rate line, a rate typed into the page reaches the API and the worker, the
 //! token is asked for once, and a screenshot is saved under target/browser/. The
-//! campaign lifecycle's controls and the campaign page: [`lifecycle`].
+//! campaign lifecycle's controls and the campaign page: [`lifecycle`]; the apps page:
+//! [`apps`].
 
+mod apps;
 mod lifecycle;
 
 use crate::api::{spawn_worker_app, TOKEN};

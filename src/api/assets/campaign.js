@@ -29,6 +29,8 @@ function resetCampaignPage(id) {
   p.loaded = { series: 0, events: 0, dead: 0 };
   $("#cp-id").textContent = id;
   $("#cp-missing").hidden = true;
+  $("#cp-app").textContent = "–";
+  $("#cp-waiting").hidden = true;
   for (const el of document.querySelectorAll("#campaign-page [data-k]")) el.textContent = "–";
   $("#cp-events").replaceChildren();
   $("#cp-no-events").hidden = false;
@@ -229,10 +231,31 @@ function renderCampaignHead(c) {
   set("eta", etaText(c));
   set("rate_10s", fmt(c.rate_10s, 1) + "/s");
   renderProgress($("#cp-progress"), c.progress);
+  renderCampaignApp(c.live);
   for (const k of ["sent", "failed", "rejected", "invalid", "expired", "cancelled", "retried"]) {
     set(k, fmt(c[k] ?? 0));
   }
   campaignPage.controls.update(c);
+}
+
+// The app its sends go through (as the worker here holds it), and why they wait for it.
+function renderCampaignApp(live) {
+  const box = $("#cp-app");
+  const app = live && live.app_id;
+  if (app) {
+    const a = document.createElement("a");
+    a.href = "#/apps";
+    a.dataset.app = app;
+    a.textContent = app;
+    box.replaceChildren(a);
+    box.title = "";
+  } else {
+    box.textContent = live ? "none (static provider)" : "–";
+    box.title = live ? "" : "not held by the worker in this process";
+  }
+  const waiting = $("#cp-waiting");
+  waiting.textContent = (live && live.waiting_for_app) || "";
+  waiting.hidden = !waiting.textContent;
 }
 
 async function refreshCampaignPage() {

@@ -1,6 +1,7 @@
 // pushpace dashboard: the summary strip, the campaign table with its controls, a live
 // per-second chart of the last 5 minutes for each campaign the worker holds, the
-// providers, and the router between this overview and a campaign's page (campaign.js).
+// providers, and the router between this overview, a campaign's page (campaign.js) and
+// the apps page (apps.js).
 // No build step, no CDN: uPlot is served by the binary next to this file.
 "use strict";
 
@@ -10,7 +11,7 @@ const REFRESH_MS = 1000;
 // Exposed for people poking at the page (and for the browser test).
 const charts = new Map();
 const providerCharts = new Map();
-window.pushpace = { charts, providerCharts, campaignPage, refresh: () => tick() };
+window.pushpace = { charts, providerCharts, campaignPage, appsPage, refresh: () => tick() };
 
 const rows = new Map();
 
@@ -303,12 +304,17 @@ async function refreshOverview() {
   await syncCharts(list);
 }
 
-// "#/campaign/ID" shows that campaign's page; anything else the overview.
+// "#/campaign/ID" shows that campaign's page, "#/apps" the apps; anything else the
+// overview.
 function route() {
   const m = location.hash.match(/^#\/campaign\/(.+)$/);
   const id = m ? decodeURIComponent(m[1]) : null;
-  $("#overview").hidden = id !== null;
+  const apps = location.hash === "#/apps";
+  $("#overview").hidden = id !== null || apps;
   $("#campaign-page").hidden = id === null;
+  $("#apps-page").hidden = !apps;
+  $("#nav-campaigns").classList.toggle("on", !apps);
+  $("#nav-apps").classList.toggle("on", apps);
   if (id === null) {
     closeCampaignPage();
     resizeCharts();
@@ -325,7 +331,8 @@ async function tick() {
   try {
     const s = await fetch("/api/summary");
     if (s.ok) renderSummary(await s.json());
-    if ($("#campaign-page").hidden) await refreshOverview();
+    if (!$("#apps-page").hidden) await refreshAppsPage();
+    else if ($("#campaign-page").hidden) await refreshOverview();
     else await refreshCampaignPage();
     $("#updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
@@ -340,6 +347,7 @@ function resizeCharts() {
     ch.plot.setSize({ width: chartWidth(ch.box), height: 220 });
   }
   resizeCampaignChart();
+  resizeAppCharts();
 }
 
 $("#forget-token").addEventListener("click", () => {
