@@ -3,7 +3,8 @@
 //! 10 whole seconds, and on the one-app read its per-second history), and the campaigns
 //! sending through the app, read from `worker_campaigns` over every worker (fresh rows
 //! only). The worker here is a snapshot the test publishes itself, so the figures are
-//! exact; the rows are inserted as workers publish them.
+//! exact; the rows are inserted as workers publish them. The dashboard's apps page is
+//! served with its script (drawn in Chromium by `tests/it/browser/apps.rs`).
 
 use super::{webpush_body, Secrets};
 use crate::api::{spawn_app_on, TestApp, TOKEN};
@@ -222,5 +223,34 @@ async fn without_a_worker_or_campaigns_the_views_say_so() {
     assert_eq!(r.body["campaigns"], json!([]));
     let r = app.read("/api/apps").await;
     assert_eq!(r.body[0]["campaigns"], json!([]), "{}", r.text);
+    app.app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_serves_the_apps_page_and_its_script() {
+    let app = crate::api::spawn_app().await;
+    let index = app.get("/").await;
+    assert_eq!(index.status, 200);
+    for part in [
+        r##"href="#/apps""##,
+        r#"id="apps-page""#,
+        r#"src="/assets/apps.js""#,
+        r#"id="cp-waiting""#,
+    ] {
+        assert!(index.text.contains(part), "{part} in the page");
+    }
+    let script = app.get("/assets/apps.js").await;
+    assert_eq!(script.status, 200);
+    assert_eq!(
+        script.headers["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    assert!(script.headers["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .starts_with("default-src 'self'"));
+    // It reads the apps with the token, never without.
+    assert!(script.text.contains("async function refreshAppsPage"));
+    assert!(script.text.contains(r#"Authorization: "Bearer " + token"#));
     app.app.stop().await.unwrap();
 }
