@@ -490,10 +490,15 @@ impl Loop {
         partition: i32,
         offset: i64,
     ) -> Option<Job> {
-        let checked = super::message::inspect_message(msg).and_then(|mut job| {
-            self.providers.resolve(&mut job)?;
-            Ok(job)
-        });
+        // A decoder bug on one message must not take the partition (or the consumer
+        // thread) down with it: the message becomes a letter, kept whole.
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::message::inspect_message(msg).and_then(|mut job| {
+                self.providers.resolve(&mut job)?;
+                Ok(job)
+            })
+        }))
+        .unwrap_or_else(|panic| Err(super::message::Rejection::from_panic(&*panic)));
         let rejection = match checked {
             Ok(job) => return Some(job),
             Err(r) => r,

@@ -35,7 +35,27 @@ pub struct Rejection {
     pub reason: String,
 }
 
+/// How much of a panic's text a letter keeps (a bounds message is about 60).
+const PANIC_TEXT_CHARS: usize = 300;
+
 impl Rejection {
+    /// A message whose checks panicked (a bug in them): an invalid job with the panic's
+    /// text, so that the message is kept and the partition goes on.
+    pub(crate) fn from_panic(panic: &(dyn std::any::Any + Send)) -> Self {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        Rejection {
+            kind: DeadLetterKind::InvalidJob,
+            reason: format!(
+                "pushpace could not check this job (a bug, please report it): {}",
+                what.chars().take(PANIC_TEXT_CHARS).collect::<String>()
+            ),
+        }
+    }
+
     fn malformed(reason: String) -> Self {
         Rejection {
             kind: DeadLetterKind::MalformedJob,
@@ -296,6 +316,22 @@ pub fn raw_headers(headers: &[(&[u8], Option<&[u8]>)]) -> OwnedHeaders {
 mod tests {
     use super::*;
     use rdkafka::message::{Header, Headers, Timestamp};
+
+    #[test]
+    fn a_panic_in_the_checks_becomes_an_invalid_job_naming_it() {
+        let caught = std::panic::catch_unwind(|| -> Result<(), Rejection> {
+            let seen = [false; 3];
+            let i = seen.len();
+            panic!("index out of bounds: the len is 3 but the index is {i}")
+        });
+        let r = Rejection::from_panic(&*caught.unwrap_err());
+        assert_eq!(r.kind, DeadLetterKind::InvalidJob);
+        assert!(
+            r.reason.contains("the len is 3 but the index is 3"),
+            "{}",
+            r.reason
+        );
+    }
 
     const JOB: &[u8] = br#"{"job_id":"j1","campaign_id":"c1","devices":["t"],"payload":{}}"#;
 

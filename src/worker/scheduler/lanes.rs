@@ -86,7 +86,8 @@ impl Lane {
         Self {
             ceiling: params.map(Ceiling::new),
             sent: 0,
-            history: VecDeque::with_capacity(HISTORY_S),
+            // Grown as seconds pass: a lane that never sends costs no history.
+            history: VecDeque::new(),
             p95_ms: None,
             gauge_ceiling: metrics::gauge!("provider_ceiling", "provider" => label.clone()),
             gauge_active: metrics::gauge!("provider_ceiling_active", "provider" => label.clone()),

@@ -244,6 +244,9 @@ impl Campaign {
     }
 }
 
+/// The lanes shown, and the (judged second, lanes, live changes) they were built at.
+type LanesShown = ((u64, usize, u64), Arc<Vec<ProviderLive>>);
+
 /// The synchronous scheduler core.
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -321,6 +324,10 @@ pub struct Scheduler {
     last_visit_all: Nanos,
     /// Summed send_rate of the active campaigns; `None`: to be summed again.
     rate_sum: std::cell::Cell<Option<f64>>,
+    /// The lanes as the API shows them, and what they were built at (judged second,
+    /// lanes, live changes): rebuilt once a second at most, not per snapshot, since
+    /// each lane carries minutes of history and an app platform has many lanes.
+    lanes_shown: std::cell::RefCell<Option<LanesShown>>,
 }
 
 impl Scheduler {
@@ -395,6 +402,7 @@ impl Scheduler {
             woken: Vec::new(),
             last_visit_all: 0,
             rate_sum: std::cell::Cell::new(None),
+            lanes_shown: std::cell::RefCell::new(None),
         }
     }
 
@@ -441,8 +449,26 @@ impl Scheduler {
             skipped_invalid: self.counters.skipped_invalid,
             capped: self.counters.capped,
             campaigns,
-            providers: Arc::new(self.lanes_live(self.now_hint, unix_ms())),
+            providers: self.lanes_shown(),
         }
+    }
+
+    /// The lanes for the API, from the cache while nothing they show has moved.
+    fn lanes_shown(&self) -> Arc<Vec<ProviderLive>> {
+        let at = (
+            self.lanes_second,
+            self.lanes.len(),
+            self.counters.live_changes,
+        );
+        let mut shown = self.lanes_shown.borrow_mut();
+        if let Some((built, lanes)) = shown.as_ref() {
+            if *built == at {
+                return Arc::clone(lanes);
+            }
+        }
+        let lanes = Arc::new(self.lanes_live(self.now_hint, unix_ms()));
+        *shown = Some((at, Arc::clone(&lanes)));
+        lanes
     }
 
     /// Changes whenever a held campaign's figures other than its counts may have.
