@@ -307,23 +307,12 @@ impl Scheduler {
         };
         let at = chrono::DateTime::from_timestamp_millis(at)
             .map_or_else(|| at.to_string(), |t| t.to_rfc3339());
-        Letter {
-            kind: DeadLetterKind::Expired,
-            partition: job.partition,
-            offset: job.offset,
-            campaign_id: Some(Arc::from(job.job.campaign_id.as_str())),
-            job_id: Some(job.job.job_id.clone()),
-            device: None,
-            device_token: None,
-            reason: format!(
-                "{} of {} devices not sent by {whose} expires_at ({at})",
-                job.ended.count,
-                job.total()
-            ),
-            key: None,
-            raw: Vec::new(),
-            replay: None,
-        }
+        let reason = format!(
+            "{} of {} devices not sent by {whose} expires_at ({at})",
+            job.ended.count,
+            job.total()
+        );
+        job_letter(job, DeadLetterKind::Expired, reason, Vec::new())
     }
 
     /// The letter of a job whose app was deleted: the job itself, to replay once the
@@ -331,24 +320,13 @@ impl Scheduler {
     fn unknown_app_letter(&self, jslot: u32) -> Letter {
         let job = self.jobs[jslot as usize].as_ref().expect("job");
         let app = job.job.app_id.as_deref().unwrap_or("");
-        Letter {
-            kind: DeadLetterKind::UnknownApp,
-            partition: job.partition,
-            offset: job.offset,
-            campaign_id: Some(Arc::from(job.job.campaign_id.as_str())),
-            job_id: Some(job.job.job_id.clone()),
-            device: None,
-            device_token: None,
-            reason: format!(
-                "app {} was deleted: {} of {} devices not sent",
-                crate::job::echo(app),
-                job.ended.count,
-                job.total()
-            ),
-            key: None,
-            raw: job.job.to_json(),
-            replay: None,
-        }
+        let reason = format!(
+            "app {} was deleted: {} of {} devices not sent",
+            crate::job::echo(app),
+            job.ended.count,
+            job.total()
+        );
+        job_letter(job, DeadLetterKind::UnknownApp, reason, job.job.to_json())
     }
 
     /// After an answer for an ended job: ends what the answer left (a retry), and
@@ -364,5 +342,22 @@ impl Scheduler {
     pub(super) fn cancel_campaign(&mut self, slot: u32, now: Nanos) {
         let unix_sec = u64::try_from(self.unix_ms_at(now) / 1000).unwrap_or(0);
         self.end_campaign_jobs(slot, End::Cancelled, now, unix_sec);
+    }
+}
+
+/// A whole job's letter (not one device's), with `raw` as the message kept.
+fn job_letter(job: &ActiveJob, kind: DeadLetterKind, reason: String, raw: Vec<u8>) -> Letter {
+    Letter {
+        kind,
+        partition: job.partition,
+        offset: job.offset,
+        campaign_id: Some(Arc::from(job.job.campaign_id.as_str())),
+        job_id: Some(job.job.job_id.clone()),
+        device: None,
+        device_token: None,
+        reason,
+        key: None,
+        raw,
+        replay: None,
     }
 }

@@ -173,6 +173,19 @@ impl Rig {
         r.body
     }
 
+    /// Waits until `campaign`'s live view says it waits for its app, with `text` in the
+    /// reason (the worker's snapshot is at most 500 ms old).
+    pub(super) async fn wait_waiting(&self, campaign: &str, text: &str) {
+        let what = format!("{campaign} waiting ({text})");
+        wait_until_async(&what, Duration::from_secs(10), || async {
+            let c = self.campaign(campaign).await;
+            c["live"]["waiting_for_app"]
+                .as_str()
+                .is_some_and(|w| w.contains(text))
+        })
+        .await;
+    }
+
     pub(super) async fn letters(&self, kind: &str) -> Vec<(String, Vec<u8>)> {
         sqlx::query_as("SELECT reason, raw FROM dead_letters WHERE kind = $1")
             .bind(kind)
@@ -241,17 +254,7 @@ async fn each_app_sends_with_its_own_key_and_a_new_app_starts_within_a_second() 
         alpha.delivered().0 == 100
     })
     .await;
-    wait_until_async(
-        "shop-b waiting for beta",
-        Duration::from_secs(10),
-        || async {
-            let c = r.campaign("shop-b").await;
-            c["live"]["waiting_for_app"]
-                .as_str()
-                .is_some_and(|w| w.starts_with("waiting for app beta"))
-        },
-    )
-    .await;
+    r.wait_waiting("shop-b", "waiting for app beta").await;
     let shown = r.campaign("shop-b").await;
     assert_eq!(shown["live"]["app_id"], "beta", "{shown}");
     assert_eq!(beta.mock.controls().requests(), 0);
@@ -327,17 +330,7 @@ async fn a_refused_key_halts_only_its_app_until_its_key_is_fixed() {
     );
     // The campaign waits for its app (once the worker's snapshot, at most 500 ms old,
     // shows it); it is not halted itself.
-    wait_until_async(
-        "shop-b waiting for beta",
-        Duration::from_secs(5),
-        || async {
-            let c = r.campaign("shop-b").await;
-            c["live"]["waiting_for_app"]
-                .as_str()
-                .is_some_and(|w| w.contains("halted"))
-        },
-    )
-    .await;
+    r.wait_waiting("shop-b", "halted").await;
     let c = r.campaign("shop-b").await;
     assert_eq!(c["status"], "active", "{c}");
     assert!(c["halt_reason"].is_null(), "{c}");

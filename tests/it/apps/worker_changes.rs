@@ -9,7 +9,7 @@
 //! - a corrupted secret row halts only that app, and a new PUT resumes it.
 
 use super::flip_a_sealed_bit;
-use super::worker::{app_job, app_job_of, rig_with, tokens, wait_until_async, Rig, Team};
+use super::worker::{app_job, app_job_of, rig_with, tokens, Rig, Team};
 use crate::helpers::wait_for;
 use pushpace::apps::{AppKind, Keyring, MasterKey};
 use pushpace::tools::mock::fcm::{FcmError, FcmMock};
@@ -234,13 +234,7 @@ async fn a_corrupted_secret_row_halts_only_its_app() {
     })
     .await;
     flip_a_sealed_bit(&r.worker.pool, "beta", AppKind::Apns).await;
-    wait_until_async("beta halted", Duration::from_secs(5), || async {
-        let c = r.campaign("c-b").await;
-        c["live"]["waiting_for_app"]
-            .as_str()
-            .is_some_and(|w| w.contains("halted"))
-    })
-    .await;
+    r.wait_waiting("c-b", "halted").await;
     let app = r.get("/api/apps/beta").await;
     assert_eq!(
         app.body["credentials"]["apns"]["status"], "halted",
