@@ -16,7 +16,9 @@
 //!   and whether a fast campaign behind it still runs;
 //! - `pacing`: 100 campaigns whose rates sum to 100,000/s; the per-second counts in
 //!   `delivery_seconds` (the null sender counts a send in the second it happens) give
-//!   the distribution of |achieved − send_rate| / send_rate over campaign-seconds.
+//!   the distribution of |achieved − send_rate| / send_rate over campaign-seconds;
+//! - `apps`: registered apps at scale against the three provider mocks (issue 55), see
+//!   [`apps`].
 //!
 //! Throughput is timed from the worker's `/metrics` (`delivered_total`, which the
 //! scheduler publishes within 100 ms of a change), polled every 20 ms: from the first
@@ -24,12 +26,14 @@
 //! publishing delay, which mostly cancels. Each phase's send curve is written to
 //! `<out-dir>/<run>-<phase>-sends.csv`.
 
+mod apps;
 pub mod mockcmd;
 mod phases;
 mod process;
 mod providers;
 mod report;
 
+pub use apps::AppsResult;
 pub use phases::{
     long_tail_rates, pacing_1000_figures, pacing_distribution, pacing_rates, PACING_1000_TOTAL,
 };
@@ -103,10 +107,12 @@ pub enum Phase {
     Fcm,
     /// Web Push (encryption + VAPID) to `pushpace mock webpush`.
     Webpush,
+    /// Registered apps at scale through the three mocks (issue 55).
+    Apps,
 }
 
 impl Phase {
-    const ALL: [Phase; 12] = [
+    const ALL: [Phase; 13] = [
         Phase::Consumer,
         Phase::Null,
         Phase::Http1,
@@ -115,6 +121,7 @@ impl Phase {
         Phase::Apns,
         Phase::Fcm,
         Phase::Webpush,
+        Phase::Apps,
         Phase::Backlog,
         Phase::Pacing,
         Phase::PacingSameRate,
@@ -135,6 +142,7 @@ impl Phase {
             Phase::Apns => "apns",
             Phase::Fcm => "fcm",
             Phase::Webpush => "webpush",
+            Phase::Apps => "apps",
         }
     }
 }
@@ -174,6 +182,25 @@ pub struct BenchArgs {
     /// `connections` of the APNs and FCM providers (default: the provider's default).
     #[arg(long)]
     pub provider_connections: Option<usize>,
+    /// Apps registered in the `apps` phase.
+    #[arg(long, default_value_t = 10_000)]
+    pub apps_registered: usize,
+    /// Of those, the apps that send (a third each APNs, FCM, Web Push).
+    #[arg(long, default_value_t = 1_000)]
+    pub apps_sending: usize,
+    /// Of the sending apps, those put while their jobs wait (PUT to first send).
+    #[arg(long, default_value_t = 30)]
+    pub apps_late: usize,
+    /// Devices per APNs or FCM app in the `apps` throughput runs.
+    #[arg(long, default_value_t = 600)]
+    pub apps_devices: usize,
+    /// Devices per Web Push app there (each message is encrypted).
+    #[arg(long, default_value_t = 30)]
+    pub apps_webpush_devices: usize,
+    /// Apps with two paced campaigns each (every second one capped), for
+    /// `pacing_seconds`.
+    #[arg(long, default_value_t = 12)]
+    pub apps_paced: usize,
     /// Where worker and sink logs go.
     #[arg(long, default_value = "target/bench")]
     pub out_dir: PathBuf,
@@ -236,6 +263,10 @@ pub async fn run(settings: &Settings, args: &BenchArgs) -> Result<BenchReport, B
             result.round = round;
             eprintln!("[bench] {}", report::one_line(&result));
             report.phases.push(result);
+            // A phase that gave several rows (`apps`) left the others' round unset.
+            for r in report.phases.iter_mut().filter(|r| r.round == 0) {
+                r.round = round;
+            }
         }
     }
     let rate_of = |name: &str| {
@@ -313,6 +344,14 @@ impl Ctx {
             Phase::Apns | Phase::Fcm | Phase::Webpush => {
                 let db = database(phase.name());
                 self.provider_phase(phase, args, &db).await?
+            }
+            Phase::Apps => {
+                let db = database("apps");
+                let (mut rows, apps) = self.apps_phase(args, &db).await?;
+                report.apps.push(apps);
+                let last = rows.pop().ok_or_else(|| phase_err("apps", "no app sent"))?;
+                report.phases.extend(rows);
+                last
             }
             Phase::Pacing => {
                 let db = database("pacing");

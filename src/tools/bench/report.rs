@@ -80,6 +80,8 @@ pub struct BenchReport {
     /// One per round, in order.
     pub pacing: Vec<PacingResult>,
     pub pacing_1000: Vec<Pacing1000Result>,
+    /// The `apps` phase's scale figures, one per round.
+    pub apps: Vec<super::AppsResult>,
     pub null_over_consumer: Option<f64>,
     /// `http1` (hyper connections) over `http1-reqwest`, sends per second.
     pub http1_over_reqwest: Option<f64>,
@@ -136,6 +138,7 @@ pub fn render_table(report: &BenchReport) -> String {
         ));
     }
     out.push_str(&provider_ratios(report));
+    out.push_str(&super::apps::render(report));
     out.push_str(&steal_line(report));
     for p in &report.pacing {
         out.push_str(&format!(
