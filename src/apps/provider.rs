@@ -72,7 +72,7 @@ pub fn named_provider(
     defaults: &AppDefaults,
 ) -> Result<NamedProvider, ProviderError> {
     let name = provider_name(app_id, creds.kind());
-    let common = common(&name, creds.limits(), defaults)?;
+    let common = common(&name, creds.kind(), creds.limits(), defaults)?;
     let spec = match creds {
         Credentials::Apns(c) => ProviderSpec::Apns(ApnsSpec {
             name: name.clone(),
@@ -109,12 +109,19 @@ pub fn named_provider(
     Ok(NamedProvider { name, spec })
 }
 
-fn common(name: &str, l: &Limits, d: &AppDefaults) -> Result<CommonSpec, ProviderError> {
+fn common(
+    name: &str,
+    kind: AppKind,
+    l: &Limits,
+    d: &AppDefaults,
+) -> Result<CommonSpec, ProviderError> {
     let fail = |problem: String| ProviderError::Config {
         provider: name.to_string(),
         problem,
     };
-    let max_rate = match l.max_rate {
+    // FCM's quota is per Firebase project, so per app: its cap unless the app sets one.
+    let unset = (kind == AppKind::Fcm).then_some(crate::config::providers::FCM_DEFAULT_MAX_RATE);
+    let max_rate = match l.max_rate.or(unset) {
         None | Some(0.0) => None,
         Some(r) => Some(Rate::per_second(r).map_err(|e| fail(format!("max_rate: {e}")))?),
     };
@@ -148,4 +155,46 @@ fn common(name: &str, l: &Limits, d: &AppDefaults) -> Result<CommonSpec, Provide
             refresh_if_used_within: d.fcm_refresh_if_used_within,
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_fcm_app_is_capped_at_its_projects_quota_unless_it_says_otherwise() {
+        let defaults = AppDefaults {
+            timeout: Duration::from_secs(5),
+            max_in_flight: 64,
+            ca_pem: None,
+            idle_close: Duration::from_secs(300),
+            budget: ConnectionBudget::new(10),
+            fcm_refresh_if_used_within: FCM_REFRESH_IF_USED_WITHIN,
+        };
+        let account = |rate: Option<f64>| {
+            let mut fcm = serde_json::json!({"service_account": {
+                "type": "service_account", "project_id": "p",
+                "client_email": "push@p.iam.gserviceaccount.com",
+                "private_key": crate::tools::mock::fcm::generate_key_pem(),
+                "token_uri": "https://oauth2.googleapis.com/token"}});
+            if let Some(r) = rate {
+                fcm["max_rate"] = r.into();
+            }
+            let body = serde_json::json!({ "fcm": fcm }).to_string();
+            crate::apps::parse_app(body.as_bytes()).expect("a good app")
+        };
+        let cap = |rate: Option<f64>| {
+            let input = account(rate);
+            let creds = input.kinds().next().expect("fcm");
+            let spec = named_provider("a", creds, &defaults).expect("spec").spec;
+            spec.common().and_then(|c| c.max_rate).map(|r| r.as_f64())
+        };
+        assert_eq!(
+            cap(None),
+            Some(crate::config::providers::FCM_DEFAULT_MAX_RATE)
+        );
+        assert_eq!(cap(Some(250.0)), Some(250.0));
+        // A project with a raised quota says so (the PUT checks 0 < max_rate ≤ 10M).
+        assert_eq!(cap(Some(50_000.0)), Some(50_000.0));
+    }
 }

@@ -19,6 +19,8 @@
 //! can still be listed, but nothing can be sealed or opened. `Debug` shows key ids only.
 
 use crate::apps::{Keyring, MasterKey};
+use crate::limiter::Rate;
+use crate::provider::ProviderKind;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -43,6 +45,16 @@ pub struct AppsSettings {
     pub idle_close_ms: u64,
     /// App connections a worker keeps open (a soft cap: see docs/PROVIDERS.md).
     pub max_open_connections: usize,
+    /// `max_rate_<kind>`: caps over all apps of a kind, between the global cap and each
+    /// app's own.
+    pub kind_caps: Vec<(ProviderKind, Rate)>,
+}
+
+impl AppsSettings {
+    /// The caps over all apps of a kind, for the scheduler.
+    pub fn kind_caps(&self) -> Vec<(ProviderKind, Rate)> {
+        self.kind_caps.clone()
+    }
 }
 
 impl Default for AppsSettings {
@@ -52,6 +64,7 @@ impl Default for AppsSettings {
             ca_pem: None,
             idle_close_ms: DEFAULT_IDLE_CLOSE_MS,
             max_open_connections: DEFAULT_MAX_OPEN_CONNECTIONS,
+            kind_caps: Vec::new(),
         }
     }
 }
@@ -64,6 +77,7 @@ impl std::fmt::Debug for AppsSettings {
             .field("ca_pem_bytes", &self.ca_pem.as_ref().map(|c| c.len()))
             .field("idle_close_ms", &self.idle_close_ms)
             .field("max_open_connections", &self.max_open_connections)
+            .field("kind_caps", &self.kind_caps)
             .finish()
     }
 }
@@ -83,6 +97,35 @@ struct RawApps {
     idle_close_ms: u64,
     #[serde(default = "default_max_open_connections")]
     max_open_connections: usize,
+    #[serde(default)]
+    max_rate_apns: Option<f64>,
+    #[serde(default)]
+    max_rate_fcm: Option<f64>,
+    #[serde(default)]
+    max_rate_webpush: Option<f64>,
+}
+
+impl RawApps {
+    /// The kind caps set (0 or absent: none), each a valid rate.
+    fn kind_caps(&self) -> Result<Vec<(ProviderKind, Rate)>, String> {
+        let set = [
+            (ProviderKind::Apns, "max_rate_apns", self.max_rate_apns),
+            (ProviderKind::Fcm, "max_rate_fcm", self.max_rate_fcm),
+            (
+                ProviderKind::WebPush,
+                "max_rate_webpush",
+                self.max_rate_webpush,
+            ),
+        ];
+        set.into_iter()
+            .filter_map(|(kind, key, rate)| rate.filter(|&r| r != 0.0).map(|r| (kind, key, r)))
+            .map(|(kind, key, r)| {
+                Rate::per_second(r)
+                    .map(|rate| (kind, rate))
+                    .map_err(|e| format!("apps.{key}: {e} (0 for no cap)"))
+            })
+            .collect()
+    }
 }
 
 fn default_idle_close_ms() -> u64 {
@@ -139,6 +182,7 @@ impl TryFrom<RawApps> for AppsSettings {
             ));
         }
         let (idle_close_ms, max_open_connections) = (raw.idle_close_ms, raw.max_open_connections);
+        let kind_caps = raw.kind_caps()?;
         let ca_pem = raw
             .ca_file
             .as_deref()
@@ -178,6 +222,7 @@ impl TryFrom<RawApps> for AppsSettings {
                 ca_pem,
                 idle_close_ms,
                 max_open_connections,
+                kind_caps,
             });
         };
         let keyring =
@@ -187,6 +232,7 @@ impl TryFrom<RawApps> for AppsSettings {
             ca_pem,
             idle_close_ms,
             max_open_connections,
+            kind_caps,
         })
     }
 }
@@ -280,6 +326,29 @@ mod tests {
             let e = load(&[format!("apps.ca_file={bad}")], &[]).unwrap_err();
             assert!(e.to_string().contains("apps.ca_file"), "{e}");
         }
+    }
+
+    #[test]
+    fn kind_caps_are_off_by_default_and_checked() {
+        use crate::provider::ProviderKind;
+        assert!(load(&[], &[]).unwrap().apps.kind_caps.is_empty());
+        let s = load(
+            &["apps.max_rate_fcm=9000".into()],
+            &[("PUSHPACE__APPS__MAX_RATE_APNS", "120.5".into())],
+        )
+        .unwrap();
+        let caps: Vec<(ProviderKind, f64)> = s
+            .apps
+            .kind_caps()
+            .iter()
+            .map(|(k, r)| (*k, r.as_f64()))
+            .collect();
+        assert_eq!(
+            caps,
+            vec![(ProviderKind::Apns, 120.5), (ProviderKind::Fcm, 9000.0)]
+        );
+        let e = load(&["apps.max_rate_webpush=-3".into()], &[]).unwrap_err();
+        assert!(e.to_string().contains("apps.max_rate_webpush"), "{e}");
     }
 
     #[test]

@@ -360,6 +360,7 @@ fn build_scheduler(
             retry_max: Duration::from_millis(settings.sender.retry_max_ms),
             give_up_after: Duration::from_millis(settings.sender.give_up_after_ms),
             global_rate: settings.limiter.global_rate(),
+            kind_caps: settings.apps.kind_caps(),
             limiters,
             forget_after: Duration::from_millis(w.forget_idle_after_ms),
             visit_all_every: None,

@@ -56,6 +56,10 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    rig_with(Vec::new())
+}
+
+fn rig_with(kind_caps: Vec<(ProviderKind, Rate)>) -> Rig {
     let fixed = Provider {
         name: Arc::from("static"),
         kind: ProviderKind::Null,
@@ -72,6 +76,7 @@ fn rig() -> Rig {
         SchedulerConfig {
             max_active_campaigns: 10,
             max_in_flight: 10_000,
+            kind_caps,
             ..SchedulerConfig::default()
         },
         Arc::new(providers),
@@ -93,9 +98,12 @@ impl Rig {
         let tokens = (0..DEVICES).map(|d| format!("{id}-{d}")).collect();
         let mut job = Job::new(id, campaign, tokens, payload).unwrap();
         job.provider_slot = slot;
-        if slot == self.slot {
-            job.app_id = Some("acme".into());
-        }
+        job.app_id = self
+            .s
+            .providers
+            .apps()
+            .key(slot)
+            .map(|k| k.app_id.to_string());
         let rate = Rate::per_second(RATE).unwrap();
         let settings = CampaignSettings::active(campaign, rate, Algorithm::Gcra);
         self.s
@@ -113,16 +121,20 @@ impl Rig {
     }
 
     fn update(&mut self, state: AppState) {
-        let key = self.s.providers.apps().key(self.slot).unwrap();
-        let update = AppUpdate {
-            slot: self.slot,
-            key,
-            state,
-        };
+        self.update_slot(self.slot, state);
+    }
+
+    fn update_slot(&mut self, slot: u16, state: AppState) {
+        let key = self.s.providers.apps().key(slot).unwrap();
+        let update = AppUpdate { slot, key, state };
         self.s.apply_app(update, self.now, self.now / SEC);
     }
 
     fn ready(&mut self, sender: &Arc<Counting>, fingerprint: &str) {
+        self.ready_slot(self.slot, sender, fingerprint);
+    }
+
+    fn ready_slot(&mut self, slot: u16, sender: &Arc<Counting>, fingerprint: &str) {
         let provider = Provider {
             name: Arc::from("app/acme/apns"),
             kind: ProviderKind::Apns,
@@ -131,10 +143,13 @@ impl Rig {
             adaptive: None,
             sender: AnySender::Provider(sender.clone()),
         };
-        self.update(AppState::Ready {
-            provider,
-            fingerprint: Arc::from(fingerprint),
-        });
+        self.update_slot(
+            slot,
+            AppState::Ready {
+                provider,
+                fingerprint: Arc::from(fingerprint),
+            },
+        );
     }
 
     fn campaign(&self, id: &str) -> CampaignLive {
@@ -241,4 +256,38 @@ fn a_deleted_app_ends_its_jobs_with_one_letter_each() {
     r.drive(100 * MS);
     assert!(matches!(r.events.try_recv(), Ok(Event::JobFinished { .. })));
     assert_eq!(r.s.stats().sends, 0);
+}
+
+/// A kind cap of 100/s over two apps of that kind, each with a campaign at 100/s: the
+/// two share it, 50/s each. The bound: the cap's tolerance (one `quantum_min` of its
+/// sends, 1 at 100/s) and the permit at each end, per second.
+#[test]
+fn a_kind_cap_is_shared_by_the_apps_of_that_kind() {
+    let cap = Rate::per_second(RATE).unwrap();
+    let mut r = rig_with(vec![(ProviderKind::Apns, cap)]);
+    let (acme, beta) = (
+        r.slot,
+        r.s.providers
+            .apps()
+            .slot("beta", ProviderKind::Apns)
+            .unwrap(),
+    );
+    r.add("j-acme", "shop-a", acme);
+    r.add("j-beta", "shop-b", beta);
+    let (a, b) = (counting(false), counting(false));
+    r.ready_slot(acme, &a, "K1");
+    r.ready_slot(beta, &b, "K2");
+    r.drive(2 * SEC);
+    let (na, nb) = (sends(&a), sends(&b));
+    assert!(
+        (2 * 100 - 2..=2 * 100 + 4).contains(&(na + nb)),
+        "{na} + {nb}"
+    );
+    assert!(na.abs_diff(nb) <= 4, "{na} vs {nb}");
+    let shop = r.campaign("shop-a");
+    assert!(
+        (shop.effective_rate - 50.0).abs() < 0.01,
+        "{}",
+        shop.effective_rate
+    );
 }

@@ -60,14 +60,33 @@ impl Scheduler {
         want: u32,
         now: Nanos,
     ) -> (u32, Option<Nanos>) {
-        match self
+        let (want, at) = match self
             .provider_caps
             .get(usize::from(provider))
             .and_then(Option::as_ref)
         {
             Some(cap) if want > 0 => cap.room(want, now),
             _ => (want, None),
+        };
+        match self.kind_cap(provider) {
+            Some(kind) if want > 0 => {
+                let (room, kind_at) = kind.room(want, now);
+                (room, at.max(kind_at))
+            }
+            _ => (want, at),
         }
+    }
+
+    /// The cap of `provider`'s kind, when it is an app slot of a capped kind.
+    fn kind_cap(&self, provider: u16) -> Option<&HierarchicalLimiter> {
+        if self.kind_caps.is_empty() || !self.is_app_slot(provider) {
+            return None;
+        }
+        let kind = self.providers.get(provider).kind;
+        self.kind_caps
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, c)| c)
     }
 
     /// Takes `n` sends through `provider` from its cap.
@@ -79,6 +98,9 @@ impl Scheduler {
         {
             // The gate passed them a moment ago on this one thread: nothing took the room.
             let _ = cap.take(n, now);
+        }
+        if let Some(kind) = self.kind_cap(provider) {
+            let _ = kind.take(n, now);
         }
     }
 
@@ -108,28 +130,21 @@ impl Scheduler {
             })
             .collect();
         let mut shares: HashMap<u32, f64> = HashMap::new();
-        for p in 0..self.provider_caps.len().max(self.lanes.len()) {
-            // The provider's max_rate, lowered by its adaptive ceiling while one binds.
-            let fixed = self
-                .provider_caps
-                .get(p)
-                .and_then(Option::as_ref)
-                .map(|c| c.global_rate().as_f64());
-            let ceiling = self.lanes.get(p).and_then(|l| l.limit());
-            let cap = match (fixed, ceiling) {
-                (Some(a), Some(b)) => a.min(b),
-                (a, b) => match a.or(b) {
-                    Some(cap) => cap,
-                    None => continue,
-                },
-            };
-            let mut group: Vec<(f64, f64, u32)> = sending
-                .iter()
-                .filter(|(_, _, _, provider)| usize::from(*provider) == p)
-                .map(|&(rate, weight, slot, _)| (rate, weight, slot))
-                .collect();
-            max_min(cap, &mut group, &mut shares);
+        // Grouped by provider first: a platform has a slot per app kind, so a pass per
+        // slot over every campaign would cost slots × campaigns.
+        let mut by_provider: HashMap<u16, Vec<(f64, f64, u32)>> = HashMap::new();
+        for &(rate, weight, slot, provider) in &sending {
+            by_provider
+                .entry(provider)
+                .or_default()
+                .push((rate, weight, slot));
         }
+        for (p, mut group) in by_provider {
+            if let Some(cap) = self.provider_cap_now(usize::from(p)) {
+                max_min(cap, &mut group, &mut shares);
+            }
+        }
+        self.share_under_kind_caps(&sending, &mut shares);
         if let Some(g) = &self.global {
             let mut wanted: Vec<(f64, f64, u32)> = sending
                 .iter()
@@ -145,10 +160,46 @@ impl Scheduler {
         }
     }
 
+    /// A provider's `max_rate`, lowered by its adaptive ceiling while one binds.
+    fn provider_cap_now(&self, p: usize) -> Option<f64> {
+        let fixed = self
+            .provider_caps
+            .get(p)
+            .and_then(Option::as_ref)
+            .map(|c| c.global_rate().as_f64());
+        let ceiling = self.lanes.get(p).and_then(|l| l.limit());
+        match (fixed, ceiling) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The apps' kind caps (`apps.max_rate_<kind>`): the campaigns sending through any
+    /// app of a capped kind share it, each wanting its share under its app's cap.
+    fn share_under_kind_caps(
+        &self,
+        sending: &[(f64, f64, u32, u16)],
+        shares: &mut HashMap<u32, f64>,
+    ) {
+        for (kind, cap) in &self.kind_caps {
+            let mut group: Vec<(f64, f64, u32)> = sending
+                .iter()
+                .filter(|(_, _, _, p)| self.is_app_slot(*p) && self.providers.get(*p).kind == *kind)
+                .map(|&(rate, weight, slot, _)| {
+                    (shares.get(&slot).copied().unwrap_or(rate), weight, slot)
+                })
+                .collect();
+            if !group.is_empty() {
+                max_min(cap.global_rate().as_f64(), &mut group, shares);
+            }
+        }
+    }
+
     /// Whether a cap applies now: the global one, a provider's `max_rate`, or an
     /// adaptive ceiling that binds.
     pub(super) fn is_capped(&self) -> bool {
         self.global.is_some()
+            || !self.kind_caps.is_empty()
             || self.provider_caps.iter().any(Option::is_some)
             || self.lanes.iter().any(|l| l.limit().is_some())
     }

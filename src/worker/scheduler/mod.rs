@@ -114,6 +114,9 @@ pub struct SchedulerConfig {
     pub give_up_after: Duration,
     /// A cap over all campaigns (hierarchical limiter).
     pub global_rate: Option<Rate>,
+    /// Caps over all apps of a kind (`apps.max_rate_<kind>`), between the global cap
+    /// and each app's own.
+    pub kind_caps: Vec<(crate::provider::ProviderKind, Rate)>,
     /// Where campaign limiters come from.
     pub limiters: Arc<dyn LimiterFactory>,
     /// A campaign's settings are forgotten once it has had no job this long.
@@ -142,6 +145,7 @@ impl Default for SchedulerConfig {
             retry_max: Duration::from_secs(10),
             give_up_after: Duration::ZERO,
             global_rate: None,
+            kind_caps: Vec::new(),
             limiters: Arc::new(LocalLimiters),
             forget_after: Duration::from_secs(600),
             visit_all_every: None,
@@ -161,6 +165,7 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("max_attempts", &self.max_attempts)
             .field("give_up_after", &self.give_up_after)
             .field("global_rate", &self.global_rate)
+            .field("kind_caps", &self.kind_caps)
             .field("forget_after", &self.forget_after)
             .field("wake_slack", &self.wake_slack)
             .field("second_edge", &self.second_edge)
@@ -260,6 +265,8 @@ pub struct Scheduler {
     provider_halts: Vec<Option<Arc<str>>>,
     /// The gates of the app slots (from `providers.apps().base()` on).
     app_gates: Vec<app_gates::AppGate>,
+    /// The caps over all apps of a kind.
+    kind_caps: Vec<(crate::provider::ProviderKind, HierarchicalLimiter)>,
     /// Each provider's lane (adaptive ceiling, sends this second, history), by slot.
     lanes: Vec<lanes::Lane>,
     /// Each Web Push origin's lane, paced at dispatch.
@@ -344,6 +351,11 @@ impl Scheduler {
         let global = config
             .global_rate
             .map(|r| caps::cap_limiter(r, quantum_min));
+        let kind_caps = config
+            .kind_caps
+            .iter()
+            .map(|&(k, r)| (k, caps::cap_limiter(r, quantum_min)))
+            .collect();
         let provider_caps = providers
             .iter()
             .map(|p| p.max_rate.map(|r| caps::cap_limiter(r, quantum_min)))
@@ -364,6 +376,7 @@ impl Scheduler {
             providers,
             provider_halts: Vec::new(),
             app_gates: Vec::new(),
+            kind_caps,
             halts_total: metrics::counter!("campaign_halts_total"),
             stats,
             global,
