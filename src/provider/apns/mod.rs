@@ -10,6 +10,7 @@
 pub mod answer;
 pub mod jwt;
 pub mod request;
+mod shared;
 
 use crate::job::Job;
 use crate::provider::h2pool::{H2Pool, PoolConfig};
@@ -36,7 +37,7 @@ pub struct ApnsSender {
 struct Inner {
     name: Arc<str>,
     pool: Arc<H2Pool>,
-    signer: TokenSigner,
+    signer: Arc<TokenSigner>,
     topics: Topics,
     metrics: AnswerMetrics,
 }
@@ -54,18 +55,21 @@ impl ApnsSender {
     /// Reads the key, signs the first token and sets up the connection pool (which
     /// connects on first use). Call inside a tokio runtime.
     pub fn new(spec: &ApnsSpec) -> Result<Self, ProviderError> {
-        Self::with_clock(spec, Clock::system())
+        Self::build(spec, shared::signer(spec)?)
     }
 
     /// [`ApnsSender::new`] with the token signer reading `clock` (tests run time
     /// forward with it).
     pub fn with_clock(spec: &ApnsSpec, clock: Clock) -> Result<Self, ProviderError> {
+        Self::build(spec, Arc::new(signer(spec, clock)?))
+    }
+
+    fn build(spec: &ApnsSpec, signer: Arc<TokenSigner>) -> Result<Self, ProviderError> {
         let name: Arc<str> = Arc::from(spec.name.as_str());
         let config = |problem: String| ProviderError::Config {
             provider: spec.name.clone(),
             problem,
         };
-        let signer = signer(spec, clock)?;
         let topics = Topics::new(&spec.topic).map_err(config)?;
         let endpoint: http::Uri = spec
             .endpoint

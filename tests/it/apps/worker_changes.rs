@@ -259,3 +259,33 @@ async fn a_corrupted_secret_row_halts_only_its_app() {
     assert_eq!(beta.delivered(), (300, 1));
     assert_eq!(failures(&r, "c-b").await, (0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_that_rebuilds_an_apns_sender_keeps_its_keys_token() {
+    let r = rig().await;
+    let team = Team::start(&r.ca, "TEAMAAAAAA", "KEYAAAAAAA");
+    r.put("env", &team.body()).await;
+    r.produce(&app_job("je", "c-env", "env", 100.0, tokens("aaaa", 300)))
+        .await;
+    wait_for("sending", Duration::from_secs(30), || {
+        team.delivered().0 >= 50
+    })
+    .await;
+    let connections = team.mock.server().controls().connections();
+    // Another setting than a limit: the sender (and its pool) is built again.
+    let mut body: Value = serde_json::from_str(&team.body()).unwrap();
+    body["apns"]["environment"] = "production".into();
+    r.put("env", &body.to_string()).await;
+    wait_for("every device", Duration::from_secs(30), || {
+        team.delivered().0 >= 300
+    })
+    .await;
+    assert!(
+        team.mock.server().controls().connections() > connections,
+        "the new sender opened its own connection"
+    );
+    // Its key's token is the one signed before: Apple allows a re-sign per 20 minutes.
+    assert_eq!(team.mock.controls().jwts().len(), 1);
+    assert_eq!(team.delivered(), (300, 1));
+    assert_eq!(failures(&r, "c-env").await, (0, 0));
+}
