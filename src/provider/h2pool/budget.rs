@@ -22,7 +22,7 @@ pub const WARN_EVERY_MS: u64 = 10_000;
 
 /// A pool as the budget sees it.
 pub(super) trait Member: Send + Sync {
-    /// When it was last used (the budget's clock, ms), or `None` while a send is in
+    /// When it was last used (the budget's clock, µs), or `None` while a send is in
     /// flight.
     fn idle_since(&self) -> Option<u64>;
     /// Closes (gracefully) each of its connections that has no stream in flight; how
@@ -101,9 +101,10 @@ impl ConnectionBudget {
         self.next_member.fetch_add(1, Relaxed)
     }
 
-    /// The budget's clock (ms since it was made), the one members' `idle_since` reads.
-    pub(super) fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+    /// The budget's clock (µs since it was made), the one members' `idle_since` reads:
+    /// finer than ms, as uses a loopback round trip apart must still be ordered.
+    pub(super) fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
     }
 
     /// Room for one more connection of member `id`, closing the least recently used
@@ -178,7 +179,7 @@ impl ConnectionBudget {
     fn went_over(&self, open: usize) {
         self.over_cap.fetch_add(1, Relaxed);
         self.over_cap_total.increment(1);
-        if self.warn.should_warn(self.now_ms()) {
+        if self.warn.should_warn(self.now_us() / 1000) {
             tracing::warn!(
                 open,
                 max_open = self.max_open,

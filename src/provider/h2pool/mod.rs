@@ -170,7 +170,7 @@ pub struct H2Pool {
 #[derive(Default)]
 struct Usage {
     in_flight: AtomicUsize,
-    last_used_ms: AtomicU64,
+    last_used_us: AtomicU64,
 }
 
 /// One send's mark on its pool's [`Usage`], taken off however the send ends.
@@ -180,7 +180,7 @@ impl<'a> InUse<'a> {
     fn new(pool: &'a H2Pool) -> Option<InUse<'a>> {
         let budget = pool.config.budget.as_ref()?;
         pool.usage.in_flight.fetch_add(1, AcqRel);
-        pool.usage.last_used_ms.store(budget.now_ms(), Relaxed);
+        pool.usage.last_used_us.store(budget.now_us(), Relaxed);
         Some(InUse(pool))
     }
 }
@@ -188,7 +188,7 @@ impl<'a> InUse<'a> {
 impl Drop for InUse<'_> {
     fn drop(&mut self) {
         if let Some(budget) = &self.0.config.budget {
-            self.0.usage.last_used_ms.store(budget.now_ms(), Relaxed);
+            self.0.usage.last_used_us.store(budget.now_us(), Relaxed);
         }
         self.0.usage.in_flight.fetch_sub(1, AcqRel);
     }
@@ -196,7 +196,7 @@ impl Drop for InUse<'_> {
 
 impl budget::Member for H2Pool {
     fn idle_since(&self) -> Option<u64> {
-        (self.usage.in_flight.load(Acquire) == 0).then(|| self.usage.last_used_ms.load(Relaxed))
+        (self.usage.in_flight.load(Acquire) == 0).then(|| self.usage.last_used_us.load(Relaxed))
     }
 
     fn close_idle(&self) -> usize {

@@ -211,7 +211,16 @@ async fn the_budget_closes_the_least_recently_used_idle_app_never_a_busy_one() {
 
     // Now `c` (used before `a`'s send ended) is the least recently used idle app.
     b.delivers().await;
-    assert_eq!((a.open(), b.open(), c.open()), (1, 1, 0));
+    assert_eq!(
+        (a.open(), b.open(), c.open()),
+        (1, 1, 0),
+        "{budget:?}; a: {} accepted, {} open, {:?}, {:?}, c: {} open",
+        a.server().connections(),
+        a.server().open_connections(),
+        a.server().first_connection_error(),
+        a.sender.pool().transport_counts(),
+        c.server().open_connections(),
+    );
     wait_until("c's connection closes", || {
         c.server().open_connections() == 0
     })
