@@ -87,6 +87,14 @@ fn describe() {
         "Messages and devices dead-lettered, by kind"
     );
     describe_gauge!(
+        "app_connections_open",
+        "HTTP/2 connections open to the apps' providers (apps.max_open_connections caps them)"
+    );
+    describe_counter!(
+        "app_connections_over_cap_total",
+        "App connections opened over apps.max_open_connections because every app holding one was sending"
+    );
+    describe_gauge!(
         "consumer_lag",
         "Messages behind the partition's end, per partition"
     );

@@ -16,8 +16,11 @@ use std::time::Duration;
 
 /// FCM's endpoint unless an app names a private gateway.
 pub const FCM_ENDPOINT: &str = "https://fcm.googleapis.com";
-/// HTTP/2 connections per app pool: as `[providers.*] connections` by default.
-pub const CONNECTIONS: usize = 2;
+/// HTTP/2 connections per app pool. One: an app's rate is a share of the worker's, and
+/// one connection carries hundreds of concurrent streams (APNs and FCM allow 1,000 or
+/// so); two per app would make 1,000 sending apps with two kinds want 4,000
+/// connections against the default `apps.max_open_connections` of 2,000.
+pub const CONNECTIONS: usize = 1;
 /// APNs JWT re-signing: 50 min, inside Apple's 20–60 min window (as the providers').
 pub const APNS_TOKEN_REFRESH: Duration = Duration::from_secs(3000);
 /// FCM access tokens are refreshed this long before they expire (as the providers').
