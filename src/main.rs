@@ -185,11 +185,17 @@ async fn dispatch(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::Migrate => migrate(&settings).await.map(|_| ()),
         Command::Providers(ProvidersCommand::List) => {
-            print!("{}", pushpace::provider::check::list(&settings));
+            print!(
+                "{}",
+                pushpace::provider::check::list(
+                    &settings.providers,
+                    &settings.sender.default_provider
+                )
+            );
             Ok(())
         }
         Command::Providers(ProvidersCommand::Check { name }) => {
-            let summary = pushpace::provider::check::check(&settings, &name).await?;
+            let summary = pushpace::provider::check::check(&settings.providers, &name).await?;
             println!("{name}: {summary}");
             Ok(())
         }
@@ -286,7 +292,8 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "metrics recorder not installed");
     }
     let pool = migrate(&settings).await?;
-    let providers = pushpace::provider::build::build(&settings)?;
+    let providers =
+        pushpace::provider::build::build(&settings.providers, &settings.sender.default_provider)?;
     for p in providers.iter() {
         tracing::info!(provider = %p.name, kind = p.kind.as_str(), "provider ready");
     }

@@ -1,21 +1,19 @@
-//! Builds a worker's [`Providers`] from its checked settings: one sender per named
-//! provider, each with its own transport, authentication and caps.
+//! Builds a worker's [`Providers`] from the checked specs (`[providers.*]`, read by
+//! `config`): one sender per named provider, each with its own transport,
+//! authentication and caps. The provider layer takes the specs it owns, never the
+//! settings, so that it does not import `config`.
 
 use super::settings::{NamedProvider, ProviderSpec, WebhookSpec};
 use super::{Provider, ProviderError, Providers};
-use crate::config::Settings;
 use crate::sender::{AnySender, HttpSender, HttpSenderConfig, NullSender};
 use std::sync::Arc;
 
-/// Every provider of `settings`, with `sender.default_provider` as the default. Must run
-/// inside a tokio runtime (adapters start their token refreshers).
-pub fn build(settings: &Settings) -> Result<Providers, ProviderError> {
-    let list = settings
-        .providers
-        .iter()
-        .map(build_one)
-        .collect::<Result<Vec<_>, _>>()?;
-    Providers::new(list, &settings.sender.default_provider)
+/// Every provider of `specs`, with the one named `default` as the default
+/// (`settings.providers`, `settings.sender.default_provider`). Must run inside a tokio
+/// runtime (adapters start their token refreshers).
+pub fn build(specs: &[NamedProvider], default: &str) -> Result<Providers, ProviderError> {
+    let list = specs.iter().map(build_one).collect::<Result<Vec<_>, _>>()?;
+    Providers::new(list, default)
 }
 
 /// One named provider's sender.

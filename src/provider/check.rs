@@ -7,7 +7,6 @@
 
 use super::settings::{NamedProvider, ProviderSpec};
 use super::ProviderError;
-use crate::config::Settings;
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -15,13 +14,13 @@ use std::time::Duration;
 const WEBHOOK_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One line per provider: name, kind, where it sends, its cap; no secret.
-pub fn list(settings: &Settings) -> String {
+pub fn list(specs: &[NamedProvider], default_provider: &str) -> String {
     let mut out = format!(
         "{:<16} {:<8} {:<8} {:<40} {:>10}  details\n",
         "NAME", "KIND", "DEFAULT", "ENDPOINT", "MAX RATE"
     );
-    for p in &settings.providers {
-        let default = if p.name == settings.sender.default_provider {
+    for p in specs {
+        let default = if p.name == default_provider {
             "yes"
         } else {
             ""
@@ -67,9 +66,9 @@ fn describe(p: &NamedProvider) -> (String, String) {
 }
 
 /// The named provider's authentication round trip: a one-line summary, or what is wrong.
-pub async fn check(settings: &Settings, name: &str) -> Result<String, ProviderError> {
-    let Some(p) = settings.providers.iter().find(|p| p.name == name) else {
-        let known: Vec<&str> = settings.providers.iter().map(|p| p.name.as_str()).collect();
+pub async fn check(specs: &[NamedProvider], name: &str) -> Result<String, ProviderError> {
+    let Some(p) = specs.iter().find(|p| p.name == name) else {
+        let known: Vec<&str> = specs.iter().map(|p| p.name.as_str()).collect();
         return Err(ProviderError::Config {
             provider: name.to_string(),
             problem: format!("no such provider; configured: {}", known.join(", ")),

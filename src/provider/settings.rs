@@ -77,7 +77,7 @@ impl fmt::Debug for WebhookSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WebhookSpec")
             .field("name", &self.name)
-            .field("url", &crate::config::redact_url(&self.url))
+            .field("url", &crate::redact::url(&self.url))
             .field("http2_prior_knowledge", &self.http2_prior_knowledge)
             .field("http2_connections", &self.http2_connections)
             .field("http1_client", &self.http1_client)

@@ -286,7 +286,11 @@ impl TestWorker {
             return Arc::clone(providers);
         }
         let Some(sink) = &self.sink else {
-            let built = pushpace::provider::build::build(&self.settings).expect("providers");
+            let built = pushpace::provider::build::build(
+                &self.settings.providers,
+                &self.settings.sender.default_provider,
+            )
+            .expect("providers");
             return Arc::new(built);
         };
         let sender = AnySender::Http(HttpSender::new(&HttpSenderConfig::new(sink.url())).unwrap());
