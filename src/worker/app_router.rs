@@ -29,14 +29,30 @@ struct Routed {
     built: Option<(String, AnySender)>,
 }
 
-/// Runs until `stop`, or until the scheduler is gone.
+/// What the router starts its watcher with, once a job names an app.
+pub struct WatcherStart {
+    pub pool: sqlx::PgPool,
+    pub keyring: Option<Arc<crate::apps::Keyring>>,
+    pub config: crate::store::listen::WatcherConfig,
+    /// The watcher's own stop (it outlives the router's phase).
+    pub stop: CancellationToken,
+}
+
+/// Runs until `stop`, or until the scheduler is gone. The watcher (and its LISTEN
+/// connection, one of the pool's) starts only when a job first names an app: a worker
+/// that sends for no app holds nothing for them.
 pub async fn run(
     slots: Arc<AppSlots>,
-    watcher: AppWatcher,
+    start: WatcherStart,
     defaults: AppDefaults,
     control: mpsc::Sender<Control>,
     stop: CancellationToken,
 ) {
+    tokio::select! {
+        _ = stop.cancelled() => return,
+        _ = slots.added() => {}
+    }
+    let (watcher, _task) = AppWatcher::start(start.pool, start.keyring, start.config, start.stop);
     let mut routed: Vec<Routed> = Vec::new();
     loop {
         for (slot, key) in slots.since(routed.len()) {

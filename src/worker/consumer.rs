@@ -180,6 +180,7 @@ pub fn spawn(
         drain_timeout: params.drain_timeout,
         flush_now: params.flush_now.clone(),
         outcomes: params.outcomes,
+        protocol: Default::default(),
     };
     let kafka = params.kafka;
     let mut config = crate::broker::consumer_config(&kafka, &params.bootstrap);

@@ -304,8 +304,9 @@ async fn start_stats(
     })
 }
 
-/// The apps' side: the watcher of the apps the jobs name (it ends with the root phase)
-/// and the router that keeps their slots' providers in the scheduler current.
+/// The apps' side: the router that keeps the app slots' providers in the scheduler
+/// current, and (from the first job naming an app) the watcher of those apps, which
+/// ends with the root phase.
 fn start_app_router(
     settings: &Settings,
     pool: &PgPool,
@@ -313,18 +314,18 @@ fn start_app_router(
     control: mpsc::Sender<Control>,
     phases: &Phases,
 ) {
-    let (watcher, _task) = crate::apps::watcher::AppWatcher::start(
-        pool.clone(),
-        settings.apps.keyring.clone(),
-        WatcherConfig {
+    let start = app_router::WatcherStart {
+        pool: pool.clone(),
+        keyring: settings.apps.keyring.clone(),
+        config: WatcherConfig {
             refresh_interval: Duration::from_secs(1),
             ..WatcherConfig::default()
         },
-        phases.root().clone(),
-    );
+        stop: phases.root().clone(),
+    };
     phases.spawn(app_router::run(
         Arc::clone(providers.apps()),
-        watcher,
+        start,
         crate::apps::provider::AppDefaults::from_settings(settings),
         control,
         phases.intake().clone(),

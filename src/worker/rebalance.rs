@@ -10,8 +10,11 @@ use super::offsets::OffsetTracker;
 use super::outcomes::{Letter, Outcomes, Record};
 use super::scheduler::{Control, Event, IncomingJob};
 use crate::stats::JobProgressHandle;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
+};
 use rdkafka::error::KafkaResult;
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -236,11 +239,33 @@ pub(super) struct Ctx {
     pub drain_timeout: Duration,
     pub flush_now: FlushNow,
     pub outcomes: Outcomes,
+    /// The group's rebalance protocol once asked (0: not yet, 1: cooperative, 2: eager).
+    pub protocol: std::sync::atomic::AtomicU8,
 }
 
 impl Ctx {
     fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
         self.state.lock()
+    }
+
+    /// Whether the group rebalances incrementally. Asked of librdkafka once, at the
+    /// first rebalance (the consumer is live then), and kept: asking it again from the
+    /// rebalance of the consumer's close blocks for ever on the group thread, which
+    /// waits for that very rebalance (seen as a hung shutdown under a rebalance).
+    fn cooperative(&self, consumer: &BaseConsumer<Self>) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.protocol.load(Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let coop = matches!(
+                    consumer.rebalance_protocol(),
+                    RebalanceProtocol::Cooperative
+                );
+                self.protocol.store(if coop { 1 } else { 2 }, Relaxed);
+                coop
+            }
+        }
     }
 }
 
@@ -260,6 +285,34 @@ impl ClientContext for Ctx {
 }
 
 impl ConsumerContext for Ctx {
+    /// rdkafka's own handling (pre, assign or unassign, post), with the protocol kept
+    /// from the first rebalance ([`Ctx::cooperative`]).
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let tpl = &*tpl;
+        let rebalance = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
+            other => Rebalance::Error(rdkafka::error::KafkaError::Rebalance(other.into())),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let assign = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        let done = match (assign, self.cooperative(consumer)) {
+            (true, true) => consumer.incremental_assign(tpl),
+            (true, false) => consumer.assign(tpl),
+            (false, true) => consumer.incremental_unassign(tpl),
+            (false, false) => consumer.unassign(),
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, assign, "the rebalance's (un)assign failed");
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else {
             return;
