@@ -11,7 +11,7 @@ mod pools;
 mod rotation;
 mod run_logs;
 mod store;
-mod views;
+pub mod views;
 mod watcher;
 mod worker;
 mod worker_changes;

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::sync::watch;
 
-fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -26,7 +26,7 @@ fn now_s() -> u64 {
 
 /// A lane called `name` whose seconds up to `end` (excluded) dispatched `sends`, under a
 /// ceiling of 40/s.
-fn lane(name: &str, end: u64, sends: &[f64]) -> ProviderLive {
+pub(crate) fn lane(name: &str, end: u64, sends: &[f64]) -> ProviderLive {
     let first = end - sends.len() as u64;
     ProviderLive {
         name: Arc::from(name),
@@ -55,7 +55,7 @@ fn lane(name: &str, end: u64, sends: &[f64]) -> ProviderLive {
 }
 
 /// The API with a master key and, as its worker, snapshots the test sends.
-async fn spawn_with_lanes() -> (TestApp, watch::Sender<SchedulerStats>) {
+pub(crate) async fn spawn_with_lanes() -> (TestApp, watch::Sender<SchedulerStats>) {
     let (pool, url) = fresh_database().await;
     let key = MasterKey::generate().to_base64().to_string();
     let (tx, scheduler) = watch::channel(SchedulerStats::default());

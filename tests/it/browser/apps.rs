@@ -5,48 +5,16 @@
 //! waits for it. The worker is a snapshot the test publishes (no broker needed).
 
 use super::{browser_lock, Browser};
-use crate::api::{spawn_app_on, TOKEN};
-use crate::helpers::fresh_database;
-use pushpace::api::WorkerView;
-use pushpace::apps::MasterKey;
 use pushpace::limiter::Algorithm;
-use pushpace::worker::consumer::ConsumerStats;
-use pushpace::worker::scheduler::{CampaignLive, LanePoint, ProviderLive, SchedulerStats};
+use pushpace::worker::scheduler::{CampaignLive, ProviderLive};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 
-/// 60 seconds of 20 sends/s under a ceiling of 40/s, ending with the one just passed
-/// (as `tests/it/apps/views.rs` builds them).
+/// 60 seconds of 20 sends/s under a ceiling of 40/s, ending with the one just passed.
 fn apns_lane(name: &str) -> ProviderLive {
-    let end = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    ProviderLive {
-        name: Arc::from(name),
-        kind: "apns",
-        max_rate: Some(500.0),
-        adaptive: true,
-        state: "backing off",
-        paused_until_unix_ms: None,
-        ceiling: Some(40.0),
-        p95_ms: None,
-        latency_target_ms: None,
-        congestion: Default::default(),
-        history: (end - 60..end)
-            .map(|unix_s| LanePoint {
-                unix_s,
-                ceiling: Some(40.0),
-                demand: 60.0,
-                achieved: 20.0,
-                accepted: 20.0,
-            })
-            .collect(),
-        origins: Vec::new(),
-    }
+    crate::apps::views::lane(name, crate::apps::views::now_s(), &[20.0; 60])
 }
 
 /// Campaign `id` held here, sending through `app` and waiting for it.
@@ -99,18 +67,7 @@ fn chart_probe(lane: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_apps_page_shows_a_registered_app_its_campaigns_and_its_lane_in_chromium() {
     let _one = browser_lock().await;
-    let (pool, url) = fresh_database().await;
-    let key = MasterKey::generate().to_base64().to_string();
-    let (stats, scheduler) = watch::channel(SchedulerStats::default());
-    let (_, consumer) = watch::channel(ConsumerStats::default());
-    let (_, consumer_running) = watch::channel(true);
-    let worker = WorkerView {
-        scheduler,
-        consumer,
-        consumer_running,
-    };
-    let extra = [("apps.master_key", key)];
-    let api = spawn_app_on(pool, url, TOKEN, Some(worker), None, &extra).await;
+    let (api, stats) = crate::apps::views::spawn_with_lanes().await;
     let s = crate::apps::Secrets::new();
     let body = s.body("push@shop.iam.gserviceaccount.com").to_string();
     let r = api.put("/api/apps/shop-1", &body).await;
