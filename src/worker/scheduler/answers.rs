@@ -89,7 +89,7 @@ impl Scheduler {
         ) {
             self.origin_answered(cslot, slot, device, unix_sec);
         }
-        let outcome = self.app_answer(cslot, retry, epoch, outcome, now);
+        let outcome = self.app_answer(retry, epoch, outcome, now);
         if let Some(outcome) = outcome {
             if self.apply_answer(cslot, retry, outcome, now, unix_sec) {
                 self.finish_device(slot, device);

@@ -247,7 +247,6 @@ impl Scheduler {
     /// device waits for the gate (`None`: the answer is handled). Other answers pass.
     pub(super) fn app_answer(
         &mut self,
-        cslot: u32,
         retry: (u32, u32, u32, Nanos),
         epoch: u32,
         outcome: SendOutcome,
@@ -265,27 +264,8 @@ impl Scheduler {
             return Some(outcome);
         }
         self.halt_app(provider, epoch, reason);
-        self.requeue_device(cslot, retry, now);
+        self.hold_for_resume(retry, now);
         None
-    }
-
-    /// Puts a device back among its campaign's retries, due now, with no attempt
-    /// counted: it waits for its app's gate.
-    pub(super) fn requeue_device(
-        &mut self,
-        cslot: u32,
-        (slot, device, attempt, first_failed): (u32, u32, u32, Nanos),
-        now: Nanos,
-    ) {
-        if let Some(c) = self.campaigns[cslot as usize].as_mut() {
-            c.retries.push(Reverse(RetryItem {
-                not_before: now,
-                slot,
-                device,
-                attempt,
-                first_failed,
-            }));
-        }
     }
 
     /// Whether `slot` is an app's.

@@ -286,7 +286,7 @@ impl Scheduler {
             for w in windows {
                 for h in w.held {
                     if self.job_id(h.retry.0) == Some(h.job) {
-                        self.requeue_device(cslot, h.retry, now);
+                        self.hold_for_resume(h.retry, now);
                     }
                 }
             }

@@ -411,7 +411,7 @@ impl Scheduler {
         if !matches!(self.app_gate(provider), None | Some(app_gates::Gate::Open)) {
             // Its app's gate closed during the turn (an answer ready at once): it waits
             // for the gate, with its permit spent, so the turn ends.
-            self.requeue_device(cslot, (jslot, device, attempt, first_failed), now);
+            self.hold_for_resume((jslot, device, attempt, first_failed), now);
             return true;
         }
         let gate = match self.origin_gate(jslot, device, reserved, now) {

@@ -159,6 +159,14 @@ impl Rig {
         assert!(matches!(r.status, 200 | 201), "{}", r.text);
     }
 
+    /// A DELETE with the admin token.
+    pub(super) async fn delete(&self, path: &str) -> crate::api::Reply {
+        let auth = auth();
+        self.api
+            .request(reqwest::Method::DELETE, path, None, Some(&auth))
+            .await
+    }
+
     /// A GET with the admin token.
     pub(super) async fn get(&self, path: &str) -> crate::api::Reply {
         let auth = auth();
@@ -395,26 +403,10 @@ async fn a_deleted_apps_job_is_dead_lettered_whole_as_unknown_app() {
         },
     )
     .await;
-    let d = r
-        .api
-        .request(
-            reqwest::Method::DELETE,
-            "/api/apps/alpha",
-            None,
-            Some(&auth()),
-        )
-        .await;
+    let d = r.delete("/api/apps/alpha").await;
     assert_eq!(d.status, 409, "{}", d.text);
     assert!(d.text.contains('1'), "names the campaigns: {}", d.text);
-    let d = r
-        .api
-        .request(
-            reqwest::Method::DELETE,
-            "/api/apps/alpha?force=true",
-            None,
-            Some(&auth()),
-        )
-        .await;
+    let d = r.delete("/api/apps/alpha?force=true").await;
     assert!(matches!(d.status, 200 | 204), "{}", d.text);
     wait_until_async(
         "the unknown_app letter",
