@@ -7,7 +7,8 @@
 //!   `stats_flushes_total`, `stats_flush_statements_total`;
 //! - [`sample`] (run by [`spawn_sampler`] and at every scrape), from the worker's
 //!   snapshots: `delivered_total`, `active_campaigns`, `buffered_jobs`, `buffered_devices`,
-//!   `parked_jobs`, `parked_rereads_total`, `paused_partitions`;
+//!   `parked_jobs`, `parked_rereads_total`, `paused_partitions`, `halted_campaigns`,
+//!   `class_starved_seconds{class}`;
 //! - [`render`], straight from the scheduler's snapshot: `sends_total{campaign,outcome}`
 //!   and `limiter_wait_seconds` (a histogram the scheduler keeps itself: one wait per
 //!   turn is too many for the facade's atomic buckets).
@@ -23,8 +24,9 @@
 //! worker takes its metric handles when it is built, and handles taken earlier go
 //! nowhere.
 
+use crate::job::PriorityClass;
 use crate::worker::consumer::ConsumerStats;
-use crate::worker::scheduler::{SchedulerStats, WaitHistogram};
+use crate::worker::scheduler::{CampaignLive, SchedulerStats, WaitHistogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -126,6 +128,12 @@ fn describe() {
         "halted_campaigns",
         "Campaigns this worker holds that a provider's configuration error halted"
     );
+    describe_gauge!(
+        CLASS_STARVED,
+        Unit::Seconds,
+        "The longest a campaign of this priority class has had work but no share under a \
+         cap, because higher classes took the cap (0: none waits)"
+    );
     metrics::describe_counter!(
         "campaign_halts_total",
         "Campaigns halted by a provider's answer (configuration errors)"
@@ -159,6 +167,7 @@ fn zero_values() {
     ] {
         metrics::counter!("dead_letters_total", "kind" => kind.as_str()).increment(0);
     }
+    set_starved(&[0.0; 4]);
     for name in [
         "active_campaigns",
         "buffered_jobs",
@@ -188,6 +197,29 @@ pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
         .filter(|c| c.halted.is_some())
         .count();
     metrics::gauge!("halted_campaigns").set(halted as f64);
+    set_starved(&starved_by_class(&scheduler.campaigns));
+}
+
+/// The gauge of the classes' longest current starvation.
+const CLASS_STARVED: &str = "class_starved_seconds";
+
+/// Per class, in [`PriorityClass::ALL`]'s order: the longest `starved_ms` among its
+/// campaigns, in seconds (0 when none is starved).
+pub fn starved_by_class(campaigns: &[CampaignLive]) -> [f64; 4] {
+    let mut out = [0.0_f64; 4];
+    for c in campaigns {
+        if let Some(ms) = c.starved_ms {
+            let slot = &mut out[c.priority.rank()];
+            *slot = slot.max(ms as f64 / 1000.0);
+        }
+    }
+    out
+}
+
+fn set_starved(by_class: &[f64; 4]) {
+    for (class, s) in PriorityClass::ALL.iter().zip(by_class) {
+        metrics::gauge!(CLASS_STARVED, "class" => class.as_str()).set(*s);
+    }
 }
 
 /// How often the background sampler sets the gauges at most. The consumer's snapshot
@@ -324,7 +356,6 @@ fn escape_label(out: &mut String, value: &str) {
 mod tests {
     use super::*;
     use crate::limiter::Algorithm;
-    use crate::worker::scheduler::CampaignLive;
     use std::sync::Arc;
 
     fn live(id: &str, sent: u64, failed: u64) -> CampaignLive {
@@ -350,7 +381,31 @@ mod tests {
             waiting_start: false,
             waiting_for_app: None,
             app_id: None,
+            priority: PriorityClass::Normal,
+            ramp: None,
+            starved_ms: None,
+            finish_by_ms: None,
+            zones: Vec::new(),
         }
+    }
+
+    #[test]
+    fn starvation_is_the_longest_wait_of_each_class() {
+        let starved = |id: &str, class: PriorityClass, ms: Option<u64>| CampaignLive {
+            priority: class,
+            starved_ms: ms,
+            ..live(id, 0, 0)
+        };
+        assert_eq!(starved_by_class(&[]), [0.0; 4]);
+        let list = [
+            starved("crit", PriorityClass::Critical, None),
+            starved("b1", PriorityClass::Bulk, Some(1_500)),
+            starved("b2", PriorityClass::Bulk, Some(42_250)),
+            starved("b3", PriorityClass::Bulk, None),
+            starved("n1", PriorityClass::Normal, Some(0)),
+            starved("h1", PriorityClass::High, Some(700)),
+        ];
+        assert_eq!(starved_by_class(&list), [0.0, 0.7, 0.0, 42.25]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! before any SQL runs.
 
 use super::error::ApiError;
-use super::lifecycle::{self, Eta, Progress, WorkerCounts};
+use super::lifecycle::{self, Eta, PolicyView, Progress, WorkerCounts};
 use super::{AppState, CampaignId};
 use crate::limiter::Algorithm;
 use crate::store::campaign_list::{self, ListQuery};
@@ -62,6 +62,42 @@ pub struct LiveView {
     pub app_id: Option<String>,
     /// Why its sends wait for that app (`waiting for app X: …`), when they do.
     pub waiting_for_app: Option<String>,
+    /// While it ramps up: the fraction of its full rate allowed now (0–1).
+    pub ramp: Option<f64>,
+    /// How long it has had work but no share under a cap, because higher classes took
+    /// the cap; null while it gets its share.
+    pub starved_ms: Option<u64>,
+    /// Under local-time rules: for each zone of the jobs held here, its current or
+    /// next window.
+    pub next_windows: Vec<ZoneWindow>,
+}
+
+/// A zone's current or next window (`opens` may be past while it is open).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ZoneWindow {
+    pub zone: String,
+    pub opens: Option<DateTime<Utc>>,
+    pub closes: Option<DateTime<Utc>>,
+}
+
+/// Each zone's next window under `local` at `now`.
+fn zone_windows(
+    local: &crate::job::window::LocalPolicy,
+    zones: &[crate::job::window::Zone],
+    now: DateTime<Utc>,
+) -> Vec<ZoneWindow> {
+    zones
+        .iter()
+        .map(|z| {
+            let next = crate::job::window::next_windows(local, z, now.timestamp_millis(), 1);
+            let at = |ms: i64| DateTime::from_timestamp_millis(ms);
+            ZoneWindow {
+                zone: z.to_string(),
+                opens: next.first().and_then(|w| at(w.0)),
+                closes: next.first().and_then(|w| at(w.1)),
+            }
+        })
+        .collect()
 }
 
 impl From<&CampaignLive> for LiveView {
@@ -83,6 +119,9 @@ impl From<&CampaignLive> for LiveView {
             waiting_start: c.waiting_start,
             app_id: c.app_id.as_deref().map(str::to_string),
             waiting_for_app: c.waiting_for_app.as_deref().map(str::to_string),
+            ramp: c.ramp,
+            starved_ms: c.starved_ms,
+            next_windows: Vec::new(),
         }
     }
 }
@@ -99,6 +138,8 @@ pub struct CampaignView {
     pub live: Option<LiveView>,
     pub progress: Progress,
     pub eta: Eta,
+    /// Its class, ramp and deadline, and whether it keeps to the deadline.
+    pub policy: PolicyView,
 }
 
 /// What the worker publishes: its campaigns and the devices each has parked.
@@ -137,8 +178,10 @@ fn view(summary: CampaignSummary, live: &Live, now: DateTime<Utc>) -> CampaignVi
         },
     };
     let (progress, eta) = lifecycle::progress(&summary, counts);
+    let policy = lifecycle::policy(&summary.campaign, &progress, &eta, now);
     let live = found.map(|c| LiveView {
         parked_devices: parked,
+        next_windows: zone_windows(&summary.campaign.local, &c.zones, now),
         ..LiveView::from(c)
     });
     CampaignView {
@@ -147,6 +190,7 @@ fn view(summary: CampaignSummary, live: &Live, now: DateTime<Utc>) -> CampaignVi
         live,
         progress,
         eta,
+        policy,
         summary,
     }
 }

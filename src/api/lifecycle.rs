@@ -1,5 +1,5 @@
 //! The campaign lifecycle in the API: start and expiry fields, cancel, the settings
-//! history, and each campaign's progress and ETA.
+//! history, each campaign's progress and ETA, and its delivery policy against them.
 //!
 //! Progress counts what the store has finished (delivered, failed, invalid, rejected,
 //! skipped, capped, expired, cancelled) against what is known to remain: the devices
@@ -10,7 +10,8 @@
 use super::error::ApiError;
 use super::handlers::{load_view, CampaignView};
 use super::{AppState, CampaignId};
-use crate::store::campaigns::{self, CampaignStatus, CampaignSummary};
+use crate::job::PriorityClass;
+use crate::store::campaigns::{self, Campaign, CampaignStatus, CampaignSummary};
 use crate::store::events::{self, CampaignEvent};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -107,15 +108,21 @@ pub struct WorkerCounts {
     pub workers: u32,
 }
 
+/// The devices left, and what that rests on: the stated total minus the finished, else
+/// the devices the workers hold and have parked.
+fn remaining(finished: i64, known_remaining: u64, total: Option<u64>) -> (u64, &'static str) {
+    match total {
+        Some(t) => (t.saturating_sub(finished.max(0) as u64), "total"),
+        None => (known_remaining, "known"),
+    }
+}
+
 /// Progress and ETA from the store's totals and the worker's counts.
 pub fn progress(s: &CampaignSummary, w: WorkerCounts) -> (Progress, Eta) {
     let finished = s.sent + s.failed + s.invalid + s.rejected + s.expired + s.cancelled;
     let known_remaining = w.held + w.parked;
     let rate = w.effective_rate.unwrap_or(s.campaign.send_rate);
-    let (remaining, basis) = match w.total {
-        Some(t) => (t.saturating_sub(finished.max(0) as u64), "total"),
-        None => (known_remaining, "known"),
-    };
+    let (remaining, basis) = remaining(finished, known_remaining, w.total);
     let sending = matches!(s.campaign.status, CampaignStatus::Active);
     let seconds = (sending && remaining > 0 && rate > 0.0).then(|| remaining as f64 / rate);
     let progress = Progress {
@@ -136,6 +143,57 @@ pub fn progress(s: &CampaignSummary, w: WorkerCounts) -> (Progress, Eta) {
             basis,
         },
     )
+}
+
+/// A campaign's delivery policy as the API shows it, with its deadline against the ETA.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PolicyView {
+    pub priority: PriorityClass,
+    /// As stored; null: the worker's `limiter.ramp_up_s`.
+    pub ramp_up_s: Option<f64>,
+    /// As stored; null: `limiter.ramp_from`.
+    pub ramp_from: Option<f64>,
+    pub finish_by: Option<DateTime<Utc>>,
+    /// A `finish_by` is set and the projected finish is later than it, or it has passed
+    /// with devices left. Never for a campaign that is done or cancelled.
+    pub behind: bool,
+    /// When it should finish at the ETA's rate: from its start when that is still
+    /// ahead, else from now; null when the ETA is (nothing known to remain, or it does
+    /// not send).
+    pub projected_finish: Option<DateTime<Utc>>,
+    /// `send_window`, `deliver_at_local` (when set) and `late_policy`.
+    #[serde(flatten)]
+    pub local: crate::job::window::LocalPolicy,
+}
+
+/// How much later than `finish_by` a projection may be before the campaign is `behind`:
+/// a campaign on its planned rate projects to its deadline, give or take rounding.
+pub const BEHIND_SLACK_S: f64 = 1.0;
+
+/// The policy view of `c` from its progress and ETA at `now`.
+pub fn policy(c: &Campaign, p: &Progress, eta: &Eta, now: DateTime<Utc>) -> PolicyView {
+    let begin = c.start_at.filter(|t| *t > now).unwrap_or(now);
+    let projected_finish = eta.seconds.and_then(|s| {
+        let ms = (s * 1000.0).round() as i64;
+        DateTime::from_timestamp_millis(begin.timestamp_millis().saturating_add(ms))
+    });
+    let over = matches!(c.status, CampaignStatus::Done | CampaignStatus::Cancelled);
+    let behind = c.finish_by.is_some_and(|fb| {
+        let left_s = (fb - begin).num_milliseconds() as f64 / 1000.0;
+        let late = eta.seconds.is_some_and(|s| s > left_s + BEHIND_SLACK_S);
+        let (left, _) = remaining(p.finished, p.known_remaining, p.total);
+        let passed = fb <= now && left > 0;
+        !over && (late || passed)
+    });
+    PolicyView {
+        priority: c.priority,
+        ramp_up_s: c.ramp_up_s,
+        ramp_from: c.ramp_from,
+        finish_by: c.finish_by,
+        behind,
+        projected_finish,
+        local: c.local,
+    }
 }
 
 /// `POST /api/campaigns/{id}/cancel`: final. The worker ends its jobs within a second.
@@ -168,7 +226,7 @@ pub async fn list_events(
 mod tests {
     use super::*;
     use crate::limiter::Algorithm;
-    use crate::store::campaigns::Campaign;
+    use chrono::Duration;
 
     fn summary(sent: i64, expired: i64, status: CampaignStatus) -> CampaignSummary {
         let now = Utc::now();
@@ -185,6 +243,11 @@ mod tests {
                 weight: 1.0,
                 start_at: None,
                 expires_at: None,
+                priority: Default::default(),
+                ramp_up_s: None,
+                ramp_from: None,
+                finish_by: None,
+                local: Default::default(),
                 created_at: now,
                 updated_at: now,
             },
@@ -236,6 +299,56 @@ mod tests {
         assert_eq!((eta.seconds, eta.rate), (Some(1.0), 100.0));
         let (_, eta) = progress(&summary(0, 0, CampaignStatus::Paused), w);
         assert_eq!(eta.seconds, None);
+    }
+
+    #[test]
+    fn behind_is_a_projection_past_the_deadline_or_a_deadline_past_with_devices_left() {
+        let now = Utc::now();
+        let mut s = summary(0, 0, CampaignStatus::Active);
+        let w = |held: u64, rate: f64| WorkerCounts {
+            held,
+            effective_rate: Some(rate),
+            workers: 1,
+            ..Default::default()
+        };
+        let at = |s: &CampaignSummary, w: WorkerCounts| {
+            let (p, eta) = progress(s, w);
+            policy(&s.campaign, &p, &eta, now)
+        };
+        // No deadline: never behind, and the projection is now + the ETA.
+        let v = at(&s, w(1_000, 100.0));
+        assert!(!v.behind);
+        assert_eq!(
+            v.projected_finish.map(|t| t.timestamp_millis()),
+            Some(now.timestamp_millis() + 10_000)
+        );
+        // 10 s of work, 60 s left: on time; 20 s left at half the rate: behind.
+        s.campaign.finish_by = Some(now + Duration::seconds(60));
+        assert!(!at(&s, w(1_000, 100.0)).behind);
+        s.campaign.finish_by = Some(now + Duration::seconds(15));
+        assert!(at(&s, w(1_000, 50.0)).behind);
+        // Within the slack of the deadline: on time.
+        s.campaign.finish_by = Some(now + Duration::milliseconds(9_500));
+        assert!(!at(&s, w(1_000, 100.0)).behind);
+        // Passed with devices left, even paused (no ETA); not once nothing is left.
+        s.campaign.finish_by = Some(now - Duration::seconds(1));
+        s.campaign.status = CampaignStatus::Paused;
+        let v = at(&s, w(5, 100.0));
+        assert!(v.behind && v.projected_finish.is_none());
+        assert!(!at(&s, w(0, 100.0)).behind);
+        // Cancelled: over, never behind.
+        s.campaign.status = CampaignStatus::Cancelled;
+        assert!(!at(&s, w(5, 100.0)).behind);
+        // A start still ahead: the projection counts from it.
+        s.campaign.status = CampaignStatus::Active;
+        s.campaign.start_at = Some(now + Duration::seconds(30));
+        s.campaign.finish_by = Some(now + Duration::seconds(35));
+        let v = at(&s, w(1_000, 100.0));
+        assert!(v.behind, "10 s of work in the 5 s after the start");
+        assert_eq!(
+            v.projected_finish.map(|t| t.timestamp_millis()),
+            Some(now.timestamp_millis() + 40_000)
+        );
     }
 
     #[test]

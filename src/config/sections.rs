@@ -252,6 +252,15 @@ pub struct LimiterSettings {
     pub scope: LimiterScope,
     /// Workers sharing a campaign, for lease sizes and the Redis-down fallback rate.
     pub workers_estimate: u32,
+    /// A campaign's ramp-up when it sets none, in seconds (0: none; at most 86400).
+    pub ramp_up_s: f64,
+    /// Where a ramp starts, as a fraction of the full rate (0.01–1).
+    pub ramp_from: f64,
+    /// A scheduled start is put off by up to this much (at most an hour), so that
+    /// campaigns scheduled for one instant do not start together.
+    pub start_jitter_ms: u64,
+    /// How far `critical` campaigns may go over a shared cap, as a fraction of it (0–1).
+    pub critical_overdraft: f64,
 }
 
 /// `[redis]`: the store behind `limiter.scope = "redis"`.

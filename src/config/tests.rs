@@ -271,3 +271,55 @@ fn the_flusher_bounds_default_to_10_s_and_are_checked() {
     }
     assert!(load(&[], &["worker.write_timeout_ms=100"]).is_ok());
 }
+
+#[test]
+fn the_delivery_policy_keys_default_and_are_bounded() {
+    let s = load(&[], &[]).unwrap();
+    let l = &s.limiter;
+    assert_eq!(
+        (
+            l.ramp_up_s,
+            l.ramp_from,
+            l.start_jitter_ms,
+            l.critical_overdraft
+        ),
+        (0.0, crate::job::policy::DEFAULT_RAMP_FROM, 0, 0.0)
+    );
+    let s = load(
+        &[("PUSHPACE__LIMITER__RAMP_UP_S", "120")],
+        &[
+            "limiter.ramp_from=0.25",
+            "limiter.start_jitter_ms=3600000",
+            "limiter.critical_overdraft=1",
+        ],
+    )
+    .unwrap();
+    let l = &s.limiter;
+    assert_eq!(
+        (
+            l.ramp_up_s,
+            l.ramp_from,
+            l.start_jitter_ms,
+            l.critical_overdraft
+        ),
+        (120.0, 0.25, 3_600_000, 1.0)
+    );
+    assert!(load(&[], &["limiter.ramp_up_s=86400", "limiter.ramp_from=0.01"]).is_ok());
+    for (key, bad) in [
+        ("ramp_up_s", "-1"),
+        ("ramp_up_s", "86401"),
+        ("ramp_up_s", "nan"),
+        ("ramp_from", "0"),
+        ("ramp_from", "0.009"),
+        ("ramp_from", "1.5"),
+        ("start_jitter_ms", "3600001"),
+        ("critical_overdraft", "-0.1"),
+        ("critical_overdraft", "1.01"),
+    ] {
+        let e = load(&[], &[&format!("limiter.{key}={bad}")]).unwrap_err();
+        assert!(
+            e.to_string().starts_with(&format!("limiter.{key}: ")),
+            "{key}={bad}: {e}"
+        );
+    }
+}

@@ -199,9 +199,51 @@ impl LimiterSettings {
         if !(1..=10_000).contains(&self.workers_estimate) {
             return Err(invalid("limiter.workers_estimate", "must be 1–10000"));
         }
+        self.validate_policy()
+    }
+
+    /// The delivery-policy keys: the same bounds as a campaign's own values.
+    fn validate_policy(&self) -> Result<(), ConfigError> {
+        use crate::job::policy::{MAX_RAMP_UP_S, MIN_RAMP_FROM};
+        if !(0.0..=MAX_RAMP_UP_S).contains(&self.ramp_up_s) {
+            return Err(invalid(
+                "limiter.ramp_up_s",
+                format!(
+                    "must be 0 to {MAX_RAMP_UP_S} seconds, got {}",
+                    self.ramp_up_s
+                ),
+            ));
+        }
+        if !(MIN_RAMP_FROM..=1.0).contains(&self.ramp_from) {
+            return Err(invalid(
+                "limiter.ramp_from",
+                format!("must be {MIN_RAMP_FROM} to 1, got {}", self.ramp_from),
+            ));
+        }
+        if self.start_jitter_ms > MAX_START_JITTER_MS {
+            return Err(invalid(
+                "limiter.start_jitter_ms",
+                format!(
+                    "must be 0 to {MAX_START_JITTER_MS} (an hour), got {}",
+                    self.start_jitter_ms
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.critical_overdraft) {
+            return Err(invalid(
+                "limiter.critical_overdraft",
+                format!(
+                    "must be 0 to 1 (a fraction of the cap), got {}",
+                    self.critical_overdraft
+                ),
+            ));
+        }
         Ok(())
     }
 }
+
+/// The longest `limiter.start_jitter_ms`: an hour.
+const MAX_START_JITTER_MS: u64 = 3_600_000;
 
 impl RedisSettings {
     fn validate(&self) -> Result<(), ConfigError> {

@@ -6,6 +6,7 @@
 use super::devices::DevicesSeed;
 use super::lifecycle::{self, Lifecycle};
 use super::options::{self, Scalar};
+use super::window::Zone;
 use super::{check_id, check_payload, echo, Job, JobError, PushOptions};
 use crate::limiter::{Algorithm, Rate, RateError};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
@@ -79,11 +80,13 @@ pub(super) enum Field {
     NotBefore,
     ExpiresAt,
     CampaignTotalDevices,
+    Tz,
+    // Last, and not in `NAMED`: `seen` has one entry per named field (checked below).
     Other,
 }
 
 impl Field {
-    const NAMED: [(Field, &'static str); 16] = [
+    const NAMED: [(Field, &'static str); 17] = [
         (Field::JobId, "job_id"),
         (Field::CampaignId, "campaign_id"),
         (Field::AppId, "app_id"),
@@ -100,6 +103,7 @@ impl Field {
         (Field::NotBefore, "not_before"),
         (Field::ExpiresAt, "expires_at"),
         (Field::CampaignTotalDevices, "campaign_total_devices"),
+        (Field::Tz, "tz"),
     ];
 
     fn name(self) -> &'static str {
@@ -113,6 +117,18 @@ impl Field {
         self as usize
     }
 }
+
+// `Parts::seen` is indexed by `Field as usize`: every named field must sit at its own
+// index in `NAMED`, and `Other` (never marked seen) just past its end. A field added to
+// the enum but not to `NAMED`, or out of order, fails the build here.
+const _: () = {
+    let mut i = 0;
+    while i < Field::NAMED.len() {
+        assert!(Field::NAMED[i].0 as usize == i, "Field::NAMED out of order");
+        i += 1;
+    }
+    assert!(Field::Other as usize == Field::NAMED.len());
+};
 
 impl<'de> Deserialize<'de> for Field {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -188,6 +204,7 @@ struct Parts {
     provider: Option<String>,
     options: PushOptions,
     lifecycle: Lifecycle,
+    zone: Option<Zone>,
 }
 
 impl Parts {
@@ -267,6 +284,7 @@ impl Parts {
             Field::CampaignTotalDevices => {
                 self.lifecycle.campaign_total_devices = Some(lifecycle::total_devices(v)?)
             }
+            Field::Tz => self.zone = Some(zone(v)?),
             _ => {}
         }
         Ok(())
@@ -326,7 +344,20 @@ impl Parts {
             provider_slot: 0,
             options,
             lifecycle: self.lifecycle,
+            class_priority: Default::default(),
+            zone: self.zone,
         })
+    }
+}
+
+/// The recipients' time zone: an IANA name or a UTC offset (a string).
+fn zone(v: Scalar) -> Result<Zone, String> {
+    match v {
+        Scalar::Str(s) => Zone::parse(&s),
+        other => Err(format!(
+            "must be an IANA time zone such as \"Europe/Madrid\" or a UTC offset such as \"+02:00\" (a string), got {}",
+            other.type_name()
+        )),
     }
 }
 
@@ -378,5 +409,54 @@ impl<'de> Deserialize<'de> for AlgorithmName {
             }
         }
         d.deserialize_str(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Field;
+
+    /// A valid value for each named field: the table must cover every one.
+    fn sample(name: &str) -> &'static str {
+        match name {
+            "job_id" => r#""j""#,
+            "campaign_id" => r#""c""#,
+            "app_id" => r#""shop-1""#,
+            "send_rate" => "10",
+            "algorithm" => r#""gcra""#,
+            "devices" => r#"["x"]"#,
+            "payload" => "{}",
+            "provider" => r#""p""#,
+            "priority" => r#""high""#,
+            "collapse_id" => r#""k""#,
+            "expiration" => "0",
+            "ttl_s" => "60",
+            "push_type" => r#""alert""#,
+            "not_before" => "1",
+            "expires_at" => "2",
+            "campaign_total_devices" => "5",
+            "tz" => r#""Europe/Madrid""#,
+            other => panic!("no sample value for the new field {other}: add one"),
+        }
+    }
+
+    /// Every named field, read from `Field::NAMED` so that a new one is covered, given
+    /// twice: refused naming it (and never an index past the table of fields seen).
+    #[test]
+    fn every_named_field_given_twice_is_refused_naming_it() {
+        let required = ["job_id", "campaign_id", "devices", "payload"];
+        for (_, field) in Field::NAMED {
+            let value = sample(field);
+            let mut msg = String::from("{");
+            for f in required.iter().filter(|f| **f != field) {
+                msg.push_str(&format!("\"{f}\":{},", sample(f)));
+            }
+            let once = format!("{msg}\"{field}\":{value}}}");
+            assert!(super::super::decode(once.as_bytes()).is_ok(), "{once}");
+            msg.push_str(&format!("\"{field}\":{value},\"{field}\":{value}}}"));
+            let e = super::super::decode(msg.as_bytes()).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{msg}: {e}");
+            assert!(e.to_string().contains("appears more than once"), "{e}");
+        }
     }
 }

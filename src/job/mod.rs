@@ -19,8 +19,10 @@ mod kinds;
 mod lifecycle;
 mod options;
 mod peek;
+pub mod policy;
 pub mod provider_rules;
 pub mod webpush_subscription;
+pub mod window;
 
 pub use devices::{Subscription, SubscriptionKeys};
 pub use kinds::{DeadLetterKind, ProviderKind};
@@ -30,7 +32,9 @@ pub use options::{
     MAX_TTL_S,
 };
 pub use peek::{peek, Peek};
+pub use policy::{ClassPriority, PriorityClass};
 pub use provider_rules::check_for_provider;
+pub use window::{LatePolicy, LocalPolicy, Release, SendWindow, WindowError, Zone};
 
 use crate::limiter::{Algorithm, Rate};
 use devices::{check_token, devices_count_error};
@@ -87,6 +91,11 @@ pub struct Job {
     pub options: PushOptions,
     /// Start, expiry and the campaign's stated size.
     pub lifecycle: Lifecycle,
+    /// The provider-level priority of its campaign's class, when `options` sets none.
+    pub class_priority: ClassPriority,
+    /// The recipients' time zone (`tz`), for their campaign's local-time window
+    /// ([`window`]); `None`: UTC.
+    pub zone: Option<Zone>,
 }
 
 impl PartialEq for Job {
@@ -101,6 +110,7 @@ impl PartialEq for Job {
             && self.app_id == other.app_id
             && self.options == other.options
             && self.lifecycle == other.lifecycle
+            && self.zone == other.zone
     }
 }
 
@@ -209,6 +219,12 @@ fn classify_failure(text: &str, e: serde_json::Error, slot: Option<JobError>) ->
 }
 
 impl Job {
+    /// The provider-level priority to send with: the job's own, else its campaign
+    /// class's (APNs `apns-priority`, FCM `android.priority`, Web Push `Urgency`).
+    pub fn push_priority(&self) -> Option<Priority> {
+        self.options.priority.or_else(|| self.class_priority.get())
+    }
+
     /// Builds a job from parts, applying the same rules as [`decode`].
     pub fn new(
         job_id: impl Into<String>,
@@ -239,6 +255,8 @@ impl Job {
             provider_slot: 0,
             options: PushOptions::default(),
             lifecycle: Lifecycle::default(),
+            class_priority: ClassPriority::default(),
+            zone: None,
         })
     }
 
@@ -257,6 +275,12 @@ impl Job {
     /// Names the registered app the job sends for.
     pub fn with_app(mut self, app_id: Option<String>) -> Self {
         self.app_id = app_id;
+        self
+    }
+
+    /// Sets the recipients' time zone (`None`: UTC).
+    pub fn with_zone(mut self, zone: Option<Zone>) -> Self {
+        self.zone = zone;
         self
     }
 
@@ -333,6 +357,10 @@ impl Job {
         }
         if let Some(t) = o.push_type {
             let _ = write!(out, ",\"push_type\":\"{}\"", t.as_str());
+        }
+        if let Some(z) = &self.zone {
+            out.extend_from_slice(b",\"tz\":");
+            write_json_str(out, &z.to_string());
         }
     }
 }

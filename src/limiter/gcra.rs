@@ -84,6 +84,21 @@ impl Gcra {
         }
     }
 
+    /// Takes `n` permits whatever the limit: the schedule moves on by their cost, so
+    /// that later asks wait for them (sends of a class served first under a cap).
+    pub(crate) fn force(&self, n: u32, now: Nanos) {
+        let (_, cost) = self.batch_terms(n.max(1), false);
+        let now_fp = to_fp(now);
+        let mut tat = self.tat.load(Relaxed);
+        loop {
+            let next = tat.max(now_fp).saturating_add(cost);
+            match self.tat.compare_exchange_weak(tat, next, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(current) => tat = current,
+            }
+        }
+    }
+
     /// What [`Gcra::acquire_with`] would decide now, taking nothing: one load. A caller
     /// that must spend another limiter's permit first asks this, so that it does not
     /// spend it for a batch this one refuses.

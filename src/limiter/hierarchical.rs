@@ -41,7 +41,7 @@
 //! served; sharing them fairly is the scheduler's job (it visits campaigns in turn).
 
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::{
@@ -105,6 +105,7 @@ impl HierarchicalLimiter {
             own,
             global: Arc::clone(&self.global),
             burst,
+            first: AtomicBool::new(false),
         }
     }
 
@@ -153,6 +154,14 @@ impl HierarchicalLimiter {
         let latest = self.global.now(now);
         self.global.gcra.acquire_with(n, now, latest, false)
     }
+
+    /// Takes `n` permits whatever the gate's room: sends of a class served first, whose
+    /// shares fit under the cap; the classes below wait for them.
+    pub fn force(&self, n: u32, now: Nanos) {
+        if n > 0 {
+            self.global.gcra.force(n, self.global.now(now));
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -182,6 +191,8 @@ pub struct CampaignLimiter {
     global: Arc<Cap>,
     bucket: Mutex<Bucket>,
     burst: u64,
+    /// Of a class served first under the cap ([`RateLimiter::set_first`]).
+    first: AtomicBool,
 }
 
 impl CampaignLimiter {
@@ -201,6 +212,15 @@ impl CampaignLimiter {
         }
         let global = &self.global.gcra;
         let latest = self.global.now(now);
+        if self.first.load(Relaxed) {
+            // Served first: its share fits under the cap, and the classes below wait.
+            let d = self.own.try_acquire_n(n, now);
+            if d == Decision::Allow {
+                global.force(n, latest);
+                b.tokens -= cost;
+            }
+            return d;
+        }
         // Refused with its tolerance, a batch is refused without it too.
         if let wait @ Decision::WaitUntil(_) = global.check_with(n, latest, false) {
             return wait;
@@ -275,6 +295,10 @@ impl RateLimiter for CampaignLimiter {
 
     fn catch_up(&self) -> Nanos {
         self.own.catch_up()
+    }
+
+    fn set_first(&self, first: bool) {
+        self.first.store(first, Relaxed);
     }
 
     fn name(&self) -> &'static str {

@@ -87,6 +87,12 @@ pub trait RateLimiter: Send + Sync {
         0
     }
 
+    /// Under a shared cap: whether this limiter's campaign is of a class served before
+    /// others sharing the cap. Its permits are then taken from the cap whatever the
+    /// cap's room, so the classes below wait for them (its own rate, set to its share,
+    /// bounds it). A limiter under no cap ignores it.
+    fn set_first(&self, _first: bool) {}
+
     /// Takes as many permits as are available at `now`, up to `max`: the scheduler's way
     /// to fill a whole time slice with one call. Callable on `dyn RateLimiter`; every
     /// algorithm here overrides the one-by-one default with a single-step version.

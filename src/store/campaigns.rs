@@ -12,8 +12,9 @@ mod write;
 pub use super::campaign_list::list;
 pub use read::{all, changed_since, get, get_many};
 pub use validate::{
-    validate_actor, validate_burst, validate_id, validate_limiter_scope, validate_send_rate,
-    validate_weight, MAX_ACTOR_CHARS, MAX_BURST, MAX_ID_CHARS, MAX_WEIGHT, MIN_WEIGHT,
+    validate_actor, validate_burst, validate_finish_by, validate_id, validate_limiter_scope,
+    validate_priority, validate_ramp_from, validate_ramp_up_s, validate_send_rate, validate_weight,
+    MAX_ACTOR_CHARS, MAX_BURST, MAX_ID_CHARS, MAX_WEIGHT, MIN_WEIGHT,
 };
 pub use write::{
     halt, put, put_by, set_status, set_status_by, upsert_from_job, upsert_many_from_jobs,
@@ -21,6 +22,8 @@ pub use write::{
 };
 
 use super::StoreError;
+use crate::job::window::{LatePolicy, LocalPolicy, SendWindow, WindowError};
+use crate::job::PriorityClass;
 use crate::limiter::LimiterScope;
 use crate::limiter::{Algorithm, Rate};
 use chrono::{DateTime, Utc};
@@ -108,6 +111,27 @@ pub struct Campaign {
     /// Devices not sent by this instant are counted `expired`.
     #[serde(default)]
     pub expires_at: Option<DateTime<Utc>>,
+    /// Under a shared cap, served strictly before the classes below it.
+    #[serde(default)]
+    pub priority: PriorityClass,
+    /// Seconds its rate takes to climb to the full rate (0: no ramp); `None`: the
+    /// worker's `limiter.ramp_up_s`.
+    #[serde(default)]
+    pub ramp_up_s: Option<f64>,
+    /// The fraction of the full rate a ramp starts at (0.01–1); `None`:
+    /// `limiter.ramp_from`.
+    #[serde(default)]
+    pub ramp_from: Option<f64>,
+    /// The instant it should be done by: its rate is planned from what remains and the
+    /// time left, and `send_rate` is the most it may send at. A campaign the API creates
+    /// with a `finish_by` and no `send_rate` gets the largest rate (10,000,000/s), so
+    /// that only the caps bound the plan.
+    #[serde(default)]
+    pub finish_by: Option<DateTime<Utc>>,
+    /// Its recipients' local-time rules (`send_window`, `deliver_at_local`,
+    /// `late_policy`), in the zone each job states.
+    #[serde(flatten)]
+    pub local: LocalPolicy,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -158,6 +182,27 @@ pub struct CampaignPatch {
     /// As `start_at`.
     #[serde(default, deserialize_with = "present")]
     pub expires_at: Option<Option<DateTime<Utc>>>,
+    /// `None`: keep (a new campaign is `normal`).
+    pub priority: Option<PriorityClass>,
+    /// `None`: keep; `Some(None)`: back to `limiter.ramp_up_s`; `Some(Some(s))`: set.
+    #[serde(default, deserialize_with = "present")]
+    pub ramp_up_s: Option<Option<f64>>,
+    /// As `ramp_up_s`, with `limiter.ramp_from`.
+    #[serde(default, deserialize_with = "present")]
+    pub ramp_from: Option<Option<f64>>,
+    /// As `start_at`. A new campaign given one without a `send_rate` is stored at the
+    /// largest rate (10,000,000/s): with a deadline, `send_rate` is the most it may
+    /// send at, and the caps bound it.
+    #[serde(default, deserialize_with = "present")]
+    pub finish_by: Option<Option<DateTime<Utc>>>,
+    /// As `start_at`: the recipients' local hours and days.
+    #[serde(default, deserialize_with = "present")]
+    pub send_window: Option<Option<SendWindow>>,
+    /// As `start_at`: minutes after local midnight (the API reads `HH:MM`).
+    #[serde(skip)]
+    pub deliver_at_local: Option<Option<u16>>,
+    /// `None`: keep (a new campaign is `next_window`).
+    pub late_policy: Option<LatePolicy>,
 }
 
 /// A field that is present, even as `null`, is `Some` (serde maps a missing one to the
@@ -190,8 +235,9 @@ pub struct CampaignSummary {
     pub rate_10s: f64,
 }
 pub(super) const COLUMNS: &str =
-    "id, send_rate, algorithm, burst, status, limiter_scope, halt_reason, \
-                       halted_at, weight, start_at, expires_at, created_at, updated_at";
+    "id, send_rate, algorithm, burst, status, limiter_scope, halt_reason, halted_at, weight, \
+     start_at, expires_at, priority, ramp_up_s, ramp_from, finish_by, send_window, \
+     deliver_at_local, late_policy, created_at, updated_at";
 
 #[derive(sqlx::FromRow)]
 pub(super) struct CampaignRow {
@@ -206,6 +252,13 @@ pub(super) struct CampaignRow {
     weight: f64,
     start_at: Option<DateTime<Utc>>,
     expires_at: Option<DateTime<Utc>>,
+    priority: String,
+    ramp_up_s: Option<f64>,
+    ramp_from: Option<f64>,
+    finish_by: Option<DateTime<Utc>>,
+    send_window: Option<String>,
+    deliver_at_local: Option<String>,
+    late_policy: String,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -234,6 +287,13 @@ impl TryFrom<CampaignRow> for Campaign {
             .map(str::parse::<LimiterScope>)
             .transpose()
             .map_err(|e| corrupt(format!("campaign {:?}: {e}", row.id)))?;
+        let priority = row
+            .priority
+            .parse::<PriorityClass>()
+            .map_err(|e| corrupt(format!("campaign {:?}: {e}", row.id)))?;
+        let local = row
+            .local()
+            .map_err(|e| corrupt(format!("campaign {:?}: {e}", row.id)))?;
         Ok(Campaign {
             id: row.id,
             send_rate: row.send_rate,
@@ -246,6 +306,11 @@ impl TryFrom<CampaignRow> for Campaign {
             weight: row.weight,
             start_at: row.start_at,
             expires_at: row.expires_at,
+            priority,
+            ramp_up_s: row.ramp_up_s,
+            ramp_from: row.ramp_from,
+            finish_by: row.finish_by,
+            local,
             created_at: row.created_at,
             updated_at: row.updated_at,
         })
@@ -254,6 +319,25 @@ impl TryFrom<CampaignRow> for Campaign {
 /// `t` with its sub-second part dropped.
 pub(crate) fn truncate_to_second(t: DateTime<Utc>) -> DateTime<Utc> {
     DateTime::from_timestamp(t.timestamp(), 0).unwrap_or(t)
+}
+
+impl CampaignRow {
+    /// The stored local-time columns, read back through the API's own checks (a PUT
+    /// of one of them is checked against the others this way).
+    pub(super) fn local(&self) -> Result<LocalPolicy, WindowError> {
+        let window = self
+            .send_window
+            .as_deref()
+            .map(serde_json::from_str::<serde_json::Value>)
+            .transpose()
+            .map_err(|e| WindowError {
+                field: "send_window",
+                problem: e.to_string(),
+            })?;
+        let at = self.deliver_at_local.clone().map(serde_json::Value::String);
+        let late = serde_json::Value::String(self.late_policy.clone());
+        LocalPolicy::parse_fields(window.as_ref(), at.as_ref(), Some(&late))
+    }
 }
 
 #[cfg(test)]
@@ -268,6 +352,14 @@ mod tests {
         assert_eq!(p.limiter_scope, Some(Some(LimiterScope::Redis)));
         let p: CampaignPatch = serde_json::from_str(r#"{"burst": 2}"#).unwrap();
         assert_eq!(p.limiter_scope, None);
+        assert_eq!((p.ramp_up_s, p.ramp_from, p.finish_by), (None, None, None));
+        let p: CampaignPatch = serde_json::from_str(
+            r#"{"priority": "bulk", "ramp_up_s": null, "ramp_from": 0.2, "finish_by": null}"#,
+        )
+        .unwrap();
+        assert_eq!(p.priority, Some(PriorityClass::Bulk));
+        assert_eq!((p.ramp_up_s, p.ramp_from), (Some(None), Some(Some(0.2))));
+        assert_eq!(p.finish_by, Some(None));
     }
 
     #[test]

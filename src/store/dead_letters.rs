@@ -347,6 +347,8 @@ pub fn job_template(job: &crate::job::Job) -> Vec<u8> {
         provider_slot: job.provider_slot,
         options: job.options.clone(),
         lifecycle: job.lifecycle,
+        class_priority: Default::default(),
+        zone: None,
     }
     .to_json()
 }

@@ -188,6 +188,21 @@ const CONSTRAINT_FIELDS: &[(&str, &str, &str)] = &[
         "must be after start_at",
     ),
     (
+        "campaigns_priority_known",
+        "priority",
+        "must be one of critical, high, normal, bulk",
+    ),
+    (
+        "campaigns_ramp_up_s_range",
+        "ramp_up_s",
+        "must be from 0 to 86400 seconds, or null (the configured default)",
+    ),
+    (
+        "campaigns_ramp_from_range",
+        "ramp_from",
+        "must be from 0.01 to 1, or null (the configured default)",
+    ),
+    (
         "delivery_seconds_counts_non_negative",
         "count",
         "counts must be 0 or more",

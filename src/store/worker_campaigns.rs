@@ -80,6 +80,33 @@ pub async fn forget(pool: &PgPool, worker_id: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// What a finish-by plan rests on, for each of `ids`: its finished devices over every
+/// worker (`campaign_totals`: sent, failed, invalid, rejected, expired, cancelled, as
+/// progress counts them) and how many workers published it within [`FRESH_S`].
+pub async fn plan_inputs(
+    pool: &PgPool,
+    ids: &[String],
+) -> Result<HashMap<String, (u64, u32)>, StoreError> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT c.id, \
+                COALESCE((SELECT sum(t.sent + t.failed + t.invalid + t.rejected + t.expired \
+                                     + t.cancelled) \
+                          FROM campaign_totals t WHERE t.campaign_id = c.id), 0)::int8, \
+                (SELECT count(*) FROM worker_campaigns w \
+                 WHERE w.campaign_id = c.id \
+                   AND w.updated_at > now() - make_interval(secs => $2))::int8 \
+         FROM unnest($1::text[]) AS c(id)",
+    )
+    .bind(ids)
+    .bind(FRESH_S)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, finished, workers)| (id, (finished.max(0) as u64, workers.max(0) as u32)))
+        .collect())
+}
+
 /// Each campaign summed over the workers that published within [`FRESH_S`]; `only`:
 /// one campaign.
 pub async fn summed(

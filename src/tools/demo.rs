@@ -417,6 +417,7 @@ async fn plan_campaigns(
                 weight: (n > WEIGHTED.1 && i == WEIGHTED.1).then_some(WEIGHTED_WEIGHT),
                 start_at: start_at.map(Some),
                 expires_at: None,
+                ..Default::default()
             },
             &defaults,
         )

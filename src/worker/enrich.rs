@@ -156,5 +156,10 @@ pub fn provisional(
         start_at_ms: None,
         expires_at_ms: None,
         cancelled: false,
+        priority: Default::default(),
+        ramp_up_s: None,
+        ramp_from: None,
+        finish_by_ms: None,
+        local: Default::default(),
     }
 }

@@ -26,6 +26,7 @@ pub mod enrich;
 pub mod message;
 pub mod offsets;
 pub mod outcomes;
+pub mod planner;
 pub mod progress_loader;
 mod publish;
 mod rebalance;
@@ -96,6 +97,11 @@ pub fn to_settings(c: &Campaign, fallback: &CampaignDefaults) -> CampaignSetting
         start_at_ms: c.start_at.map(|t| t.timestamp_millis()),
         expires_at_ms: c.expires_at.map(|t| t.timestamp_millis()),
         cancelled: c.status == CampaignStatus::Cancelled,
+        priority: c.priority,
+        ramp_up_s: c.ramp_up_s,
+        ramp_from: c.ramp_from,
+        finish_by_ms: c.finish_by.map(|t| t.timestamp_millis()),
+        local: c.local,
     }
 }
 
@@ -191,6 +197,13 @@ impl Worker {
             stop: phases.intake().clone(),
         };
         let consumer = start_consumer(settings, bootstrap, providers, &side, &stats.flusher, ends)?;
+        phases.spawn(planner::run(
+            pool.clone(),
+            scheduler_stats.clone(),
+            consumer_stats.clone(),
+            control.clone(),
+            phases.intake().clone(),
+        ));
         phases.spawn(publish::run(
             pool,
             scheduler_stats.clone(),
@@ -367,12 +380,23 @@ fn build_scheduler(
             visit_all_every: None,
             wake_slack: Duration::from_millis(w.wake_slack_ms),
             second_edge: Duration::from_millis(w.second_edge_ms),
+            policy: policy_defaults(&settings.limiter),
         },
         Arc::clone(providers),
         recorder,
         completions,
         events,
     ))
+}
+
+/// `[limiter]`'s delivery-policy keys, as the scheduler takes them.
+fn policy_defaults(l: &crate::config::LimiterSettings) -> scheduler::PolicyDefaults {
+    scheduler::PolicyDefaults {
+        ramp_up_s: l.ramp_up_s,
+        ramp_from: l.ramp_from,
+        start_jitter: Duration::from_millis(l.start_jitter_ms),
+        critical_overdraft: l.critical_overdraft,
+    }
 }
 
 /// The enrich and outcomes side: a job's lookups, and the stage that writes outcomes.

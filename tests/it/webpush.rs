@@ -45,6 +45,8 @@ fn job(devices: Vec<String>, payload: &str, options: PushOptions) -> Arc<Job> {
         provider_slot: 0,
         options,
         lifecycle: Default::default(),
+        class_priority: Default::default(),
+        zone: None,
     })
 }
 

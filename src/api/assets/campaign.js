@@ -1,4 +1,5 @@
 // pushpace dashboard: one campaign's page ("#/campaign/ID"): its settings and controls,
+// its delivery policy (class, ramp, deadline against the projected finish, send window),
 // its counts, its per-second chart over 5 min, 1 h or 24 h (the server sums long ranges
 // into steps) with its settings changes as vertical marks, the history of those changes,
 // and its dead letters once the admin token is known.
@@ -32,6 +33,7 @@ function resetCampaignPage(id) {
   $("#cp-app").textContent = "–";
   $("#cp-waiting").hidden = true;
   for (const el of document.querySelectorAll("#campaign-page [data-k]")) el.textContent = "–";
+  resetPolicy();
   $("#cp-events").replaceChildren();
   $("#cp-no-events").hidden = false;
   $("#cp-dead tbody").replaceChildren();
@@ -45,6 +47,7 @@ function openCampaignPage(id) {
     campaignPage.controls = makeControls(() => campaignPage.campaign || { id: campaignPage.id });
     const c = campaignPage.controls;
     $("#cp-controls").append(c.toggle, " ", c.weight, " ", c.schedule, " ", c.cancel);
+    makePolicyFacts();
   }
   if (campaignPage.id !== id) resetCampaignPage(id);
   if (!campaignPage.plot) campaignPage.plot = makeCampaignPlot();
@@ -167,7 +170,7 @@ async function loadSeries(id) {
 
 function eventValue(field, v) {
   if (v === null || v === undefined) return "none";
-  if (field === "start_at" || field === "expires_at") return when(v);
+  if (field === "start_at" || field === "expires_at" || field === "finish_by") return when(v);
   return v;
 }
 
@@ -232,10 +235,158 @@ function renderCampaignHead(c) {
   set("rate_10s", fmt(c.rate_10s, 1) + "/s");
   renderProgress($("#cp-progress"), c.progress);
   renderCampaignApp(c.live);
+  renderPolicy(c);
   for (const k of ["sent", "failed", "rejected", "invalid", "expired", "cancelled", "retried"]) {
     set(k, fmt(c[k] ?? 0));
   }
   campaignPage.controls.update(c);
+}
+
+// The delivery policy's elements: a class badge by the status, a row of facts under the
+// settings and the next window per time zone. Built here, once: the page's HTML has no
+// place for them. Every value from the API goes in as text, never as markup.
+function makePolicyFacts() {
+  const badge = document.createElement("span");
+  badge.id = "cp-class";
+  badge.className = "badge";
+  badge.hidden = true;
+  $("#cp-status").after(" ", badge);
+  const box = document.createElement("div");
+  box.id = "cp-policy";
+  box.className = "facts policy";
+  const fact = (k, label) => {
+    const span = document.createElement("span");
+    span.dataset.fact = k;
+    const b = document.createElement("b");
+    b.dataset.k = k;
+    b.textContent = "–";
+    span.append(label + " ", b);
+    box.appendChild(span);
+    return span;
+  };
+  fact("ramp", "ramp");
+  const finish = fact("finish_by", "finish by");
+  const behind = document.createElement("span");
+  behind.id = "cp-behind";
+  behind.className = "behind";
+  behind.textContent = "behind";
+  behind.title = "at the rate it sends, it finishes after its finish_by";
+  behind.hidden = true;
+  finish.append(" ", behind);
+  fact("starved", "starved").hidden = true;
+  fact("window", "window").hidden = true;
+  fact("deliver_at", "deliver at").hidden = true;
+  fact("late_policy", "late").hidden = true;
+  const next = document.createElement("div");
+  next.id = "cp-next-windows";
+  next.className = "next-windows";
+  next.hidden = true;
+  const label = document.createElement("span");
+  label.className = "label";
+  label.textContent = "Next window, by device time zone";
+  next.append(label, document.createElement("ul"));
+  $("#campaign-page .facts").after(box, next);
+}
+
+function resetPolicy() {
+  const badge = $("#cp-class");
+  if (!badge) return;
+  badge.hidden = true;
+  badge.textContent = "";
+  $("#cp-behind").hidden = true;
+  for (const k of ["starved", "window", "deliver_at", "late_policy"]) {
+    $(`#cp-policy [data-fact="${k}"]`).hidden = true;
+  }
+  $("#cp-next-windows").hidden = true;
+  $("#cp-next-windows ul").replaceChildren();
+}
+
+const DAYS = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+
+const percent = (f) => fmt(f * 100, 1) + "%";
+
+// Its ramp as set (null: the worker's limiter.ramp_up_s / ramp_from) and, while it
+// ramps, the fraction of its send_rate it may use now.
+function rampText(p, live) {
+  const from = p.ramp_from === null || p.ramp_from === undefined ? null : percent(p.ramp_from);
+  let text;
+  if (p.ramp_up_s === null || p.ramp_up_s === undefined) {
+    text = from ? `default length from ${from}` : "default";
+  } else if (p.ramp_up_s <= 0) {
+    text = "none";
+  } else {
+    text = `${humanSeconds(p.ramp_up_s)} from ${from || "default start"}`;
+  }
+  if (live && typeof live.ramp === "number") text += ` · now ${percent(live.ramp)}`;
+  return text;
+}
+
+function finishText(p) {
+  const projected = p.projected_finish ? "projected " + when(p.projected_finish) : "";
+  if (!p.finish_by) return projected ? "none · " + projected : "none";
+  return when(p.finish_by) + " · " + (projected || (p.behind ? "passed" : "no projection"));
+}
+
+function windowText(w) {
+  if (w === null) return "any hour";
+  if (typeof w !== "object") return String(w);
+  const days = Array.isArray(w.days) ? w.days.map(String) : [];
+  const all = days.length === 0 || DAYS.every((d) => days.includes(d));
+  return `${w.from ?? "?"}–${w.to ?? "?"} local, ${all ? "every day" : days.join(", ")}`;
+}
+
+function renderPolicy(c) {
+  const p = c.policy;
+  if (!p || !$("#cp-class")) return;
+  const set = (k, text) => {
+    const b = $(`#cp-policy [data-k="${k}"]`);
+    b.textContent = text;
+    return b;
+  };
+  const show = (k, on) => ($(`#cp-policy [data-fact="${k}"]`).hidden = !on);
+  const badge = $("#cp-class");
+  renderClassBadge(badge, String(p.priority ?? "normal"));
+  badge.hidden = false;
+  const live = c.live;
+  set("ramp", rampText(p, live)).classList.toggle("ramping", !!live && typeof live.ramp === "number");
+  $("#cp-policy [data-k=ramp]").title = "null settings follow the worker's limiter.ramp_up_s and limiter.ramp_from";
+  set("finish_by", finishText(p)).classList.toggle("behind", !!p.behind);
+  $("#cp-behind").hidden = !p.behind;
+  const starved = live && typeof live.starved_ms === "number" ? live.starved_ms : null;
+  show("starved", starved !== null);
+  if (starved !== null) {
+    set("starved", humanSeconds(starved / 1000)).title = "with work but no share of the cap: higher classes take it";
+  }
+  // An API with send windows always shows late_policy, and leaves send_window and
+  // deliver_at_local out while they are not set.
+  const windows = "late_policy" in p || "send_window" in p;
+  const sendWindow = p.send_window ?? null;
+  const at = p.deliver_at_local ?? null;
+  show("window", windows);
+  if (windows) set("window", windowText(sendWindow));
+  show("deliver_at", at !== null);
+  if (at !== null) set("deliver_at", String(at) + " local");
+  // What is done with a late send only matters with a window or a deliver time.
+  const late = windows && (sendWindow !== null || at !== null) && p.late_policy != null;
+  show("late_policy", late);
+  if (late) set("late_policy", String(p.late_policy).replace(/_/g, " "));
+  renderNextWindows(Array.isArray(p.next_windows) ? p.next_windows : []);
+}
+
+function renderNextWindows(list) {
+  const ul = $("#cp-next-windows ul");
+  ul.replaceChildren();
+  for (const w of list) {
+    const li = document.createElement("li");
+    const zone = document.createElement("span");
+    zone.className = "zone";
+    zone.textContent = String(w.zone ?? "?");
+    li.dataset.zone = zone.textContent;
+    const span = (iso) => (iso ? when(iso) : "–");
+    li.append(zone, ` opens ${span(w.opens)} · closes ${span(w.closes)}`);
+    ul.appendChild(li);
+  }
+  $("#cp-next-windows").hidden = list.length === 0;
 }
 
 // The app its sends go through (as the worker here holds it), and why they wait for it.

@@ -271,6 +271,17 @@ function renderProgress(td, p) {
   }
 }
 
+const CLASSES = ["critical", "high", "normal", "bulk"];
+
+// A campaign's priority class as a badge, styled by its name (an unknown name gets the
+// plain style; the name itself only ever goes in as text).
+function renderClassBadge(el, priority) {
+  el.textContent = priority;
+  el.className = "badge class-" + (CLASSES.includes(priority) ? priority : "other");
+  el.dataset.class = priority;
+  el.title = "priority class: served before the classes below it when a cap binds";
+}
+
 function etaText(c) {
   const e = c.eta;
   if (!e || isFinal(c.status)) return "–";

@@ -45,7 +45,10 @@ function makeRow(c) {
   const link = document.createElement("a");
   link.href = "#/campaign/" + encodeURIComponent(c.id);
   link.textContent = c.id;
-  r.id.appendChild(link);
+  // Its priority class, when it has one other than normal.
+  r.badge = document.createElement("span");
+  r.badge.hidden = true;
+  r.id.append(link, " ", r.badge);
   r.status = cell(tr);
   r.algorithm = cell(tr);
   r.sendRate = cell(tr, "num");
@@ -104,8 +107,14 @@ function renderRow(r, c) {
   r.sent.textContent = fmt(c.sent);
   r.failed.textContent = fmt(c.failed + (c.rejected || 0)) + (c.invalid ? ` (+${fmt(c.invalid)} invalid)` : "");
   renderProgress(r.progress, c.progress);
-  r.eta.textContent = etaText(c);
-  r.eta.title = "at the rate of the last seconds; known jobs: the devices of the jobs read so far";
+  const priority = c.policy ? String(c.policy.priority ?? "normal") : "normal";
+  renderClassBadge(r.badge, priority);
+  r.badge.hidden = priority === "normal";
+  const behind = !!(c.policy && c.policy.behind);
+  r.eta.textContent = etaText(c) + (behind ? " · behind finish_by" : "");
+  r.eta.classList.toggle("behind", behind);
+  r.eta.title = "at the rate of the last seconds; known jobs: the devices of the jobs read so far"
+    + (behind ? "; it finishes after its finish_by at this rate" : "");
   r.schedule.textContent = scheduleText(c);
   r.schedule.classList.toggle("scheduled", !!c.scheduled);
   r.weight.textContent = fmt(c.weight ?? 1, 2);

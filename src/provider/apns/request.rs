@@ -88,7 +88,7 @@ pub fn build(
         APNS_PUSH_TYPE.clone(),
         HeaderValue::from_static(push_type.as_str()),
     );
-    if let Some(p) = priority(opts, push_type) {
+    if let Some(p) = priority(job, push_type) {
         h.insert(APNS_PRIORITY.clone(), HeaderValue::from_static(p));
     }
     if let Some(at) = expiration(opts, now) {
@@ -105,16 +105,18 @@ pub fn build(
     Ok(req)
 }
 
-/// `apns-priority`: the job's, else 5 for background pushes (Apple refuses 10 for
-/// them), else none (Apple's default, 10).
-fn priority(opts: &PushOptions, push_type: PushType) -> Option<&'static str> {
-    match (opts.priority, push_type) {
-        (Some(Priority::High), _) => Some("10"),
-        (Some(Priority::Normal), _) => Some("5"),
-        (Some(Priority::Low), _) => Some("1"),
-        (None, PushType::Background) => Some("5"),
-        (None, _) => None,
+/// `apns-priority`: the job's, else its campaign class's, else none (Apple's default,
+/// 10). A background push without its own is always 5, whatever the class: Apple refuses
+/// 10 (and 1) for it. A job's own value is sent as written.
+fn priority(job: &Job, push_type: PushType) -> Option<&'static str> {
+    if push_type == PushType::Background && job.options.priority.is_none() {
+        return Some("5");
     }
+    job.push_priority().map(|p| match p {
+        Priority::High => "10",
+        Priority::Normal => "5",
+        Priority::Low => "1",
+    })
 }
 
 /// `apns-expiration`: the job's unix time, else now + `ttl_s`.
@@ -191,6 +193,43 @@ mod tests {
         let req = build(&job(background), "ab", &auth, &topics, 100).expect("req");
         assert_eq!(get(&req, "apns-priority"), Some("5"));
         assert_eq!(get(&req, "apns-expiration"), Some("0"));
+    }
+
+    #[test]
+    fn the_campaign_class_priority_applies_when_the_job_sets_none() {
+        let topics = Topics::new("t").expect("topics");
+        let auth = HeaderValue::from_static("bearer x");
+        let sent = |options: PushOptions, class: Option<Priority>| {
+            let job = job(options);
+            job.class_priority.set(class);
+            let req = build(&job, "ab", &auth, &topics, 0).expect("req");
+            get(&req, "apns-priority").map(str::to_string)
+        };
+        let plain = PushOptions::default;
+        assert_eq!(sent(plain(), Some(Priority::High)).as_deref(), Some("10"));
+        assert_eq!(sent(plain(), Some(Priority::Normal)).as_deref(), Some("5"));
+        assert_eq!(sent(plain(), None), None, "no class: Apple's default");
+        let own = |p| PushOptions {
+            priority: Some(p),
+            ..PushOptions::default()
+        };
+        assert_eq!(
+            sent(own(Priority::High), Some(Priority::Normal)).as_deref(),
+            Some("10"),
+            "the job's own wins"
+        );
+        assert_eq!(
+            sent(own(Priority::Low), Some(Priority::High)).as_deref(),
+            Some("1")
+        );
+        // A background push never takes 10 (nor 1) from its class.
+        let background = || PushOptions {
+            push_type: Some(PushType::Background),
+            ..PushOptions::default()
+        };
+        for class in [Some(Priority::High), Some(Priority::Low), None] {
+            assert_eq!(sent(background(), class).as_deref(), Some("5"), "{class:?}");
+        }
     }
 
     #[test]

@@ -3,10 +3,11 @@
 //!
 //! The job's payload is the raw text of a JSON object (the fields of `message` other
 //! than `token`); its members are spliced in verbatim, not re-serialised. The job's
-//! delivery options become `android.priority` (HIGH/NORMAL), `android.ttl` ("Ns", from
-//! `ttl_s` or else `expiration`) and `android.collapse_key`, but only when the payload
-//! has no `android` object of its own: a producer's `android` block is left exactly as
-//! it is (the options do not override or merge into it).
+//! delivery options become `android.priority` (HIGH/NORMAL: the job's priority, else its
+//! campaign class's), `android.ttl` ("Ns", from `ttl_s` or else `expiration`) and
+//! `android.collapse_key`, but only when the payload has no `android` object of its own:
+//! a producer's `android` block is left exactly as it is (the options do not override or
+//! merge into it).
 
 use crate::job::{Priority, PushOptions};
 use bytes::Bytes;
@@ -27,11 +28,14 @@ struct AndroidProbe {
     android: Option<IgnoredAny>,
 }
 
-/// Builds the body for `device`. `now_unix` turns an `expiration` into a TTL.
+/// Builds the body for `device`. `priority` is the job's push priority
+/// ([`crate::job::Job::push_priority`]: its own, else its class's); `now_unix` turns an
+/// `expiration` into a TTL.
 pub fn build(
     device: &str,
     payload: &RawValue,
     options: &PushOptions,
+    priority: Option<Priority>,
     now_unix: i64,
 ) -> Result<Bytes, NotAnObject> {
     let text = payload.get();
@@ -40,7 +44,7 @@ pub fn build(
         _ => return Err(NotAnObject),
     };
     let inner = text[open + 1..close].trim();
-    let android = android_fields(text, options, now_unix);
+    let android = android_fields(text, options, priority, now_unix);
     let extra = if android.is_some() { 96 } else { 0 };
     let mut out = Vec::with_capacity(32 + device.len() + inner.len() + extra);
     out.extend_from_slice(b"{\"message\":{\"token\":");
@@ -95,13 +99,14 @@ impl AndroidFields<'_> {
 fn android_fields<'a>(
     payload: &str,
     options: &'a PushOptions,
+    priority: Option<Priority>,
     now_unix: i64,
 ) -> Option<AndroidFields<'a>> {
     let ttl_s = options
         .ttl_s
         .map(i64::from)
         .or_else(|| options.expiration.map(|at| (at - now_unix).max(0)));
-    if options.priority.is_none() && ttl_s.is_none() && options.collapse_id.is_none() {
+    if priority.is_none() && ttl_s.is_none() && options.collapse_id.is_none() {
         return None;
     }
     // Only parsed when there are options: most jobs never pay for it.
@@ -109,7 +114,7 @@ fn android_fields<'a>(
         .map(|p| p.android.is_some())
         .unwrap_or(false);
     (!has_own).then_some(AndroidFields {
-        priority: options.priority,
+        priority,
         ttl_s,
         collapse_key: options.collapse_id.as_deref(),
     })
@@ -131,7 +136,7 @@ mod tests {
     #[test]
     fn splices_the_payload_after_the_token() {
         let p = raw(r#" { "notification": {"title": "hi"}, "data": {"k": "v"} } "#);
-        let b = build("tok\"1", &p, &PushOptions::default(), 0).expect("body");
+        let b = build("tok\"1", &p, &PushOptions::default(), None, 0).expect("body");
         let v = parsed(&b);
         assert_eq!(v["message"]["token"], "tok\"1");
         assert_eq!(v["message"]["notification"]["title"], "hi");
@@ -141,14 +146,14 @@ mod tests {
 
     #[test]
     fn empty_object_and_non_objects() {
-        let b = build("t", &raw("{ }"), &PushOptions::default(), 0).expect("body");
+        let b = build("t", &raw("{ }"), &PushOptions::default(), None, 0).expect("body");
         assert_eq!(&b[..], br#"{"message":{"token":"t"}}"#);
         assert_eq!(
-            build("t", &raw("[1]"), &PushOptions::default(), 0),
+            build("t", &raw("[1]"), &PushOptions::default(), None, 0),
             Err(NotAnObject)
         );
         assert_eq!(
-            build("t", &raw("\"{}\""), &PushOptions::default(), 0),
+            build("t", &raw("\"{}\""), &PushOptions::default(), None, 0),
             Err(NotAnObject)
         );
     }
@@ -161,7 +166,14 @@ mod tests {
             expiration: Some(1_000_100),
             ..Default::default()
         };
-        let b = build("t", &raw(r#"{"data":{"a":"1"}}"#), &opts, 1_000_000).expect("body");
+        let b = build(
+            "t",
+            &raw(r#"{"data":{"a":"1"}}"#),
+            &opts,
+            opts.priority,
+            1_000_000,
+        )
+        .expect("body");
         let v = parsed(&b);
         let a = &v["message"]["android"];
         assert_eq!(a["priority"], "HIGH");
@@ -174,7 +186,7 @@ mod tests {
             expiration: Some(5),
             ..Default::default()
         };
-        let v = parsed(&build("t", &raw("{}"), &opts, 0).expect("body"));
+        let v = parsed(&build("t", &raw("{}"), &opts, opts.priority, 0).expect("body"));
         assert_eq!(v["message"]["android"]["priority"], "NORMAL");
         assert_eq!(v["message"]["android"]["ttl"], "0s");
     }
@@ -187,14 +199,51 @@ mod tests {
             ..Default::default()
         };
         let p = raw(r#"{"android":{"priority":"NORMAL"},"data":{"a":"1"}}"#);
-        let v = parsed(&build("t", &p, &opts, 0).expect("body"));
+        let v = parsed(&build("t", &p, &opts, opts.priority, 0).expect("body"));
         assert_eq!(
             v["message"]["android"],
             serde_json::json!({"priority": "NORMAL"})
         );
         // A nested "android" key is not the message's own block.
         let p = raw(r#"{"data":{"android":"x"}}"#);
-        let v = parsed(&build("t", &p, &opts, 0).expect("body"));
+        let v = parsed(&build("t", &p, &opts, opts.priority, 0).expect("body"));
         assert_eq!(v["message"]["android"]["ttl"], "60s");
+    }
+
+    /// The body as the adapter builds it for `job`'s first device.
+    fn for_job(job: &crate::job::Job) -> Bytes {
+        build(
+            &job.devices[0],
+            &job.payload,
+            &job.options,
+            job.push_priority(),
+            0,
+        )
+        .expect("body")
+    }
+
+    #[test]
+    fn the_campaign_class_priority_counts_as_an_option() {
+        let text = br#"{"job_id":"j","campaign_id":"c","devices":["t"],"payload":{}}"#;
+        let mut job = crate::job::decode(text).expect("job");
+        // No option and no class: the body is unchanged, no `android` block.
+        assert_eq!(&for_job(&job)[..], br#"{"message":{"token":"t"}}"#);
+        // The class alone gives the block.
+        job.class_priority.set(Some(Priority::High));
+        assert_eq!(
+            &for_job(&job)[..],
+            br#"{"message":{"token":"t","android":{"priority":"HIGH"}}}"#
+        );
+        job.class_priority.set(Some(Priority::Normal));
+        let v = parsed(&for_job(&job));
+        assert_eq!(v["message"]["android"]["priority"], "NORMAL");
+        // The job's own priority wins over its class's.
+        job.options.priority = Some(Priority::High);
+        let v = parsed(&for_job(&job));
+        assert_eq!(v["message"]["android"]["priority"], "HIGH");
+        // A producer's own `android` block wins over both.
+        job.payload = raw(r#"{"android":{"ttl":"5s"}}"#);
+        let v = parsed(&for_job(&job));
+        assert_eq!(v["message"]["android"], serde_json::json!({"ttl": "5s"}));
     }
 }

@@ -162,7 +162,8 @@ impl Sender for FcmSender {
             };
             return SendFuture::ready(outcome);
         };
-        let body = match body::build(device, &job.payload, &job.options, now_unix()) {
+        let priority = job.push_priority();
+        let body = match body::build(device, &job.payload, &job.options, priority, now_unix()) {
             Ok(body) => body,
             Err(e) => {
                 let outcome = SendOutcome::Halt {

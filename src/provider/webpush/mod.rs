@@ -11,8 +11,8 @@
 //! - `TTL`: the job's `ttl_s`; else the seconds left until its `expiration` (0 when it
 //!   has passed: deliver only to a browser online now); else [`DEFAULT_TTL_S`] (28
 //!   days, the longest most push services keep a message).
-//! - `Urgency`: from `priority` (high, normal, low; `very-low` is never sent). Omitted
-//!   without a priority: the service's default is `normal`.
+//! - `Urgency`: from `priority` (high, normal, low; `very-low` is never sent), else from
+//!   the campaign's class. Omitted without either: the service's default is `normal`.
 //! - `Topic`: the job's `collapse_id` when it is at most 32 base64url characters (RFC
 //!   8030 section 5.4); any other collapse id is left out rather than refused, because
 //!   the message is still worth delivering without replacement.
@@ -140,8 +140,8 @@ impl Inner {
                 HeaderValue::from_static("application/octet-stream"),
             )
             .header(AUTHORIZATION, authorization);
-        if let Some(p) = job.options.priority {
-            request = request.header(URGENCY.clone(), HeaderValue::from_static(p.as_str()));
+        if let Some(u) = urgency(job) {
+            request = request.header(URGENCY.clone(), HeaderValue::from_static(u));
         }
         if let Some(t) = topic(job.options.collapse_id.as_deref()) {
             if let Ok(v) = HeaderValue::from_str(t) {
@@ -244,6 +244,11 @@ pub fn ttl(options: &PushOptions, now_s: i64) -> u32 {
         Some(at) => u32::try_from(at.saturating_sub(now_s).max(0)).unwrap_or(u32::MAX),
         None => DEFAULT_TTL_S,
     }
+}
+
+/// The `Urgency` header value: the job's push priority (its own, else its class's).
+pub fn urgency(job: &Job) -> Option<&'static str> {
+    job.push_priority().map(|p| p.as_str())
 }
 
 /// The `Topic` for a collapse id, when it is a valid one.

@@ -72,6 +72,21 @@ fn topic_only_when_valid() {
     );
 }
 
+#[test]
+fn urgency_is_the_jobs_priority_else_its_class() {
+    let text = br#"{"job_id":"j","campaign_id":"c","devices":["d"],"payload":"hi"}"#;
+    let mut job = crate::job::decode(text).expect("job");
+    assert_eq!(urgency(&job), None, "no priority, no class: no header");
+    job.class_priority.set(Some(Priority::High));
+    assert_eq!(urgency(&job), Some("high"));
+    job.class_priority.set(Some(Priority::Normal));
+    assert_eq!(urgency(&job), Some("normal"));
+    job.options.priority = Some(Priority::Low);
+    assert_eq!(urgency(&job), Some("low"), "the job's own wins");
+    job.class_priority.set(None);
+    assert_eq!(urgency(&job), Some("low"));
+}
+
 #[tokio::test]
 async fn check_signs_and_verifies_without_sending() {
     let s = spec(vapid::tests::pem_key(), "mailto:ops@example.com");
@@ -120,6 +135,8 @@ async fn a_bad_subscription_or_payload_is_classified_without_a_request() {
             provider_slot: 0,
             options: PushOptions::default(),
             lifecycle: Default::default(),
+            class_priority: Default::default(),
+            zone: None,
         })
     };
     let out = sender.send(&job("nope", r#"{"a":1}"#), 0).await;

@@ -1,9 +1,12 @@
 //! The checks a campaign's values pass before any SQL runs, each error naming its
 //! field; the schema's CHECK constraints are the backstop.
 
+use crate::job::policy::{MAX_RAMP_UP_S, MIN_RAMP_FROM};
+use crate::job::PriorityClass;
 use crate::limiter::LimiterScope;
 use crate::limiter::Rate;
 use crate::store::StoreError;
+use chrono::{DateTime, Utc};
 
 /// Longest campaign id, in characters (the job format's rule).
 pub const MAX_ID_CHARS: usize = crate::job::MAX_ID_CHARS;
@@ -43,6 +46,57 @@ pub fn validate_send_rate(send_rate: f64) -> Result<Rate, StoreError> {
 pub fn validate_limiter_scope(name: &str) -> Result<LimiterScope, StoreError> {
     name.parse::<LimiterScope>()
         .map_err(|e| StoreError::invalid("limiter_scope", e.to_string()))
+}
+
+/// Checks a priority class name: critical, high, normal or bulk.
+pub fn validate_priority(name: &str) -> Result<PriorityClass, StoreError> {
+    name.parse::<PriorityClass>()
+        .map_err(|e| StoreError::invalid("priority", e.to_string()))
+}
+
+/// Checks a ramp-up: 0 (none) to [`MAX_RAMP_UP_S`] seconds.
+pub fn validate_ramp_up_s(seconds: f64) -> Result<f64, StoreError> {
+    if (0.0..=MAX_RAMP_UP_S).contains(&seconds) {
+        Ok(seconds)
+    } else {
+        Err(StoreError::invalid(
+            "ramp_up_s",
+            format!("must be from 0 to {MAX_RAMP_UP_S} seconds, got {seconds}"),
+        ))
+    }
+}
+
+/// Checks where a ramp starts: [`MIN_RAMP_FROM`] to 1 (the full rate).
+pub fn validate_ramp_from(fraction: f64) -> Result<f64, StoreError> {
+    if (MIN_RAMP_FROM..=1.0).contains(&fraction) {
+        Ok(fraction)
+    } else {
+        Err(StoreError::invalid(
+            "ramp_from",
+            format!(
+                "must be a fraction of the full rate from {MIN_RAMP_FROM} to 1, got {fraction}"
+            ),
+        ))
+    }
+}
+
+/// Checks a deadline given now: one already past cannot be planned for. The store
+/// itself keeps any (a deadline that passes while the campaign runs stays stored).
+pub fn validate_finish_by(
+    finish_by: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<DateTime<Utc>, StoreError> {
+    if finish_by > now {
+        Ok(finish_by)
+    } else {
+        Err(StoreError::invalid(
+            "finish_by",
+            format!(
+                "finish_by is in the past ({}); it must be later than now",
+                finish_by.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        ))
+    }
 }
 
 /// Checks a burst: 0 to [`MAX_BURST`].
@@ -120,5 +174,39 @@ mod tests {
             validate_limiter_scope("redis").ok(),
             Some(LimiterScope::Redis)
         );
+    }
+
+    #[test]
+    fn policy_values_are_bounded_and_name_their_field() {
+        for bad in ["urgent", "", "Critical", "normal "] {
+            let e = validate_priority(bad).unwrap_err();
+            assert_eq!(e.field(), Some("priority"), "{bad}");
+            assert!(
+                e.to_string().contains("critical, high, normal, bulk"),
+                "{e}"
+            );
+        }
+        for c in PriorityClass::ALL {
+            assert_eq!(validate_priority(c.as_str()).ok(), Some(c));
+        }
+        for bad in [-0.5, 86_400.5, f64::NAN, f64::INFINITY] {
+            let e = validate_ramp_up_s(bad).unwrap_err();
+            assert_eq!(e.field(), Some("ramp_up_s"), "{bad}");
+        }
+        assert_eq!(validate_ramp_up_s(0.0).ok(), Some(0.0));
+        assert_eq!(validate_ramp_up_s(86_400.0).ok(), Some(86_400.0));
+        for bad in [0.0, 0.009, 1.01, -1.0, f64::NAN] {
+            let e = validate_ramp_from(bad).unwrap_err();
+            assert_eq!(e.field(), Some("ramp_from"), "{bad}");
+        }
+        assert_eq!(validate_ramp_from(0.01).ok(), Some(0.01));
+        assert_eq!(validate_ramp_from(1.0).ok(), Some(1.0));
+        let now = Utc::now();
+        let e = validate_finish_by(now - chrono::Duration::seconds(1), now).unwrap_err();
+        assert_eq!(e.field(), Some("finish_by"));
+        assert!(e.to_string().contains("finish_by is in the past"), "{e}");
+        assert!(validate_finish_by(now, now).is_err(), "now is not ahead");
+        let later = now + chrono::Duration::hours(2);
+        assert_eq!(validate_finish_by(later, now).ok(), Some(later));
     }
 }

@@ -2,10 +2,14 @@
 //! transaction that names the actor for `campaign_events`), status changes and halts.
 
 use super::{
-    get, validate_actor, validate_burst, validate_id, validate_send_rate, validate_weight,
-    Campaign, CampaignDefaults, CampaignPatch, CampaignRow, CampaignStatus, COLUMNS,
+    get, validate_actor, validate_burst, validate_id, validate_ramp_from, validate_ramp_up_s,
+    validate_send_rate, validate_weight, Campaign, CampaignDefaults, CampaignPatch, CampaignRow,
+    CampaignStatus, COLUMNS,
 };
+use crate::job::window::{format_local_time, LatePolicy};
+use crate::job::PriorityClass;
 use crate::limiter::LimiterScope;
+use crate::limiter::MAX_RATE_PER_SECOND;
 use crate::limiter::{Algorithm, Rate};
 use crate::store::StoreError;
 use sqlx::PgPool;
@@ -150,8 +154,36 @@ async fn as_actor(
     Ok(tx)
 }
 
+/// The upsert behind [`put_by`]. NULL is a value of the nullable settings (the
+/// configured default, or none), so COALESCE cannot tell "set to NULL" from "keep": each
+/// of those has a flag saying whether the patch names it.
+const PUT_SQL: &str = "INSERT INTO campaigns (id, send_rate, algorithm, burst, limiter_scope, \
+                                weight, start_at, expires_at, priority, ramp_up_s, ramp_from, \
+                                finish_by, send_window, deliver_at_local, late_policy) \
+     VALUES ($1, COALESCE($2, $5), COALESCE($3, $6), COALESCE($4, $7), $9, \
+             COALESCE($10, 1), $12, $14, COALESCE($15, 'normal'), $17, $19, $21, $23, $25, \
+             COALESCE($26, 'next_window')) \
+     ON CONFLICT (id) DO UPDATE SET \
+         send_rate = COALESCE($2, campaigns.send_rate), \
+         algorithm = COALESCE($3, campaigns.algorithm), \
+         burst = COALESCE($4, campaigns.burst), \
+         limiter_scope = CASE WHEN $8 THEN $9 ELSE campaigns.limiter_scope END, \
+         weight = COALESCE($10, campaigns.weight), \
+         start_at = CASE WHEN $11 THEN $12 ELSE campaigns.start_at END, \
+         expires_at = CASE WHEN $13 THEN $14 ELSE campaigns.expires_at END, \
+         priority = COALESCE($15, campaigns.priority), \
+         ramp_up_s = CASE WHEN $16 THEN $17 ELSE campaigns.ramp_up_s END, \
+         ramp_from = CASE WHEN $18 THEN $19 ELSE campaigns.ramp_from END, \
+         finish_by = CASE WHEN $20 THEN $21 ELSE campaigns.finish_by END, \
+         send_window = CASE WHEN $22 THEN $23 ELSE campaigns.send_window END, \
+         deliver_at_local = CASE WHEN $24 THEN $25 ELSE campaigns.deliver_at_local END, \
+         late_policy = COALESCE($26, campaigns.late_policy) \
+     WHERE campaigns.status <> 'cancelled' \
+     RETURNING ";
+
 /// [`put`], recording `actor` in the campaign's events. A cancelled campaign keeps its
-/// settings: cancel is final.
+/// settings: cancel is final. A new campaign given a `finish_by` and no `send_rate` is
+/// stored at the largest rate: the deadline plans its rate, and the caps bound it.
 pub async fn put_by(
     pool: &PgPool,
     id: &str,
@@ -165,46 +197,68 @@ pub async fn put_by(
         .map(validate_send_rate)
         .transpose()?
         .map(Rate::as_f64);
+    let new_rate = if matches!(patch.finish_by, Some(Some(_))) {
+        MAX_RATE_PER_SECOND
+    } else {
+        defaults.send_rate.as_f64()
+    };
     let burst = patch.burst.map(validate_burst).transpose()?;
     let algorithm = patch.algorithm.map(Algorithm::as_str);
-    // NULL is a value of limiter_scope (the configured default), so COALESCE cannot
-    // tell "set to NULL" from "keep": $8 says whether the patch names the field.
-    let set_scope = patch.limiter_scope.is_some();
     let scope = patch.limiter_scope.flatten().map(LimiterScope::as_str);
     let weight = patch.weight.map(validate_weight).transpose()?;
+    let ramp_up_s = patch
+        .ramp_up_s
+        .flatten()
+        .map(validate_ramp_up_s)
+        .transpose()?;
+    let ramp_from = patch
+        .ramp_from
+        .flatten()
+        .map(validate_ramp_from)
+        .transpose()?;
+    let window = match patch.send_window.flatten() {
+        Some(w) => Some(
+            serde_json::to_string(&w)
+                .map_err(|e| StoreError::invalid("send_window", e.to_string()))?,
+        ),
+        None => None,
+    };
+    let deliver_at = patch.deliver_at_local.flatten().map(format_local_time);
     let mut tx = as_actor(pool, actor).await?;
-    let row: Option<CampaignRow> = sqlx::query_as(&format!(
-        "INSERT INTO campaigns (id, send_rate, algorithm, burst, limiter_scope, weight, \
-                                start_at, expires_at) \
-         VALUES ($1, COALESCE($2, $5), COALESCE($3, $6), COALESCE($4, $7), $9, \
-                 COALESCE($10, 1), $12, $14) \
-         ON CONFLICT (id) DO UPDATE SET \
-             send_rate = COALESCE($2, campaigns.send_rate), \
-             algorithm = COALESCE($3, campaigns.algorithm), \
-             burst = COALESCE($4, campaigns.burst), \
-             limiter_scope = CASE WHEN $8 THEN $9 ELSE campaigns.limiter_scope END, \
-             weight = COALESCE($10, campaigns.weight), \
-             start_at = CASE WHEN $11 THEN $12 ELSE campaigns.start_at END, \
-             expires_at = CASE WHEN $13 THEN $14 ELSE campaigns.expires_at END \
-         WHERE campaigns.status <> 'cancelled' \
-         RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(send_rate)
-    .bind(algorithm)
-    .bind(burst)
-    .bind(defaults.send_rate.as_f64())
-    .bind(defaults.algorithm.as_str())
-    .bind(validate_burst(i64::from(defaults.burst))?)
-    .bind(set_scope)
-    .bind(scope)
-    .bind(weight)
-    .bind(patch.start_at.is_some())
-    .bind(patch.start_at.flatten())
-    .bind(patch.expires_at.is_some())
-    .bind(patch.expires_at.flatten())
-    .fetch_optional(&mut *tx)
-    .await?;
+    let row: Option<CampaignRow> = sqlx::query_as(&format!("{PUT_SQL}{COLUMNS}"))
+        .bind(id)
+        .bind(send_rate)
+        .bind(algorithm)
+        .bind(burst)
+        .bind(new_rate)
+        .bind(defaults.algorithm.as_str())
+        .bind(validate_burst(i64::from(defaults.burst))?)
+        .bind(patch.limiter_scope.is_some())
+        .bind(scope)
+        .bind(weight)
+        .bind(patch.start_at.is_some())
+        .bind(patch.start_at.flatten())
+        .bind(patch.expires_at.is_some())
+        .bind(patch.expires_at.flatten())
+        .bind(patch.priority.map(PriorityClass::as_str))
+        .bind(patch.ramp_up_s.is_some())
+        .bind(ramp_up_s)
+        .bind(patch.ramp_from.is_some())
+        .bind(ramp_from)
+        .bind(patch.finish_by.is_some())
+        .bind(patch.finish_by.flatten())
+        .bind(patch.send_window.is_some())
+        .bind(window)
+        .bind(patch.deliver_at_local.is_some())
+        .bind(deliver_at)
+        .bind(patch.late_policy.map(LatePolicy::as_str))
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some(e) = row.as_ref().and_then(|r| r.local().err()) {
+        // The merged window, deliver time and late policy do not fit together: the
+        // transaction rolls back as it drops.
+        return Err(StoreError::invalid(e.field, e.problem));
+    }
     tx.commit().await?;
     match row {
         Some(row) => row.try_into(),

@@ -148,6 +148,11 @@ mod tests {
             weight: 1.0,
             start_at: None,
             expires_at: None,
+            priority: Default::default(),
+            ramp_up_s: None,
+            ramp_from: None,
+            finish_by: None,
+            local: Default::default(),
             created_at: at,
             updated_at: at,
         }

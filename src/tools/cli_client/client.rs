@@ -77,17 +77,28 @@ impl Client {
         let status = res.status();
         let bytes = res.bytes().await.map_err(unreachable)?;
         if !status.is_success() {
-            let message = serde_json::from_slice::<serde_json::Value>(&bytes)
-                .ok()
-                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
-                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
             return Err(CliError::Api {
                 url,
                 status: status.as_u16(),
-                message,
+                message: error_message(&bytes),
             });
         }
         Ok(bytes.to_vec())
+    }
+}
+
+/// A refusal's text: the API's `error`, naming its `field` when the text does not, or
+/// the body as is when it is not the API's JSON.
+fn error_message(bytes: &[u8]) -> String {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return String::from_utf8_lossy(bytes).into_owned();
+    };
+    let Some(error) = v.get("error").and_then(|e| e.as_str()) else {
+        return String::from_utf8_lossy(bytes).into_owned();
+    };
+    match v.get("field").and_then(|f| f.as_str()) {
+        Some(field) if !error.contains(field) => format!("{field}: {error}"),
+        _ => error.to_string(),
     }
 }
 
@@ -149,11 +160,20 @@ fn encode_segment(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::encode_segment;
+    use super::{encode_segment, error_message};
 
     #[test]
     fn segments_are_encoded() {
         assert_eq!(encode_segment("spring-sale.v2:x"), "spring-sale.v2:x");
         assert_eq!(encode_segment("a/b c?"), "a%2Fb%20c%3F");
+    }
+
+    #[test]
+    fn refusals_name_their_field() {
+        let named = br#"{"error": "invalid priority: unknown", "field": "priority"}"#;
+        assert_eq!(error_message(named), "invalid priority: unknown");
+        let bare = br#"{"error": "must be later than now", "field": "finish_by"}"#;
+        assert_eq!(error_message(bare), "finish_by: must be later than now");
+        assert_eq!(error_message(b"bad gateway"), "bad gateway");
     }
 }

@@ -14,11 +14,15 @@ mod apps;
 mod client;
 mod lifecycle;
 mod model;
+mod policy;
+#[cfg(test)]
+mod policy_tests;
 mod render;
 mod stats;
 
 pub use apps::{run_apps, AppsArgs, AppsCommand};
-pub use model::{CampaignOut, EtaOut, LiveOut, PointOut, ProgressOut};
+pub use model::{CampaignOut, EtaOut, LiveOut, PointOut, PolicyOut, ProgressOut};
+pub use policy::{RampArgs, WindowArgs};
 pub use stats::{run_stats, sparkline, stats_svg};
 
 use client::{decode, pretty, put_campaign, Changed, Client};
@@ -119,6 +123,24 @@ pub enum CampaignCommand {
     /// Sets when a campaign expires (as set-start): devices not sent by then are counted
     /// expired, with one dead letter per job.
     SetExpiry { id: String, at: String },
+    /// Sets a campaign's class under a shared cap: critical, high, normal (the default)
+    /// or bulk. A class is served before the ones below it; bulk gets what they leave.
+    SetPriority {
+        id: String,
+        /// critical, high, normal or bulk.
+        class: String,
+    },
+    /// Sets the time a campaign should be finished by (as set-start; `none` clears it).
+    /// `campaign show` says whether it keeps to it at the rate it sends.
+    SetFinishBy { id: String, at: String },
+    /// Sets how a campaign's rate climbs to its send_rate: --seconds N (0: no ramp) and
+    /// --from F (the fraction it starts at), or --default for the worker's
+    /// limiter.ramp_up_s and limiter.ramp_from.
+    SetRamp(RampArgs),
+    /// Sets the local hours a campaign sends in (--from 09:00 --to 21:00 [--days
+    /// mon,tue,…]), a local delivery time (--deliver-at 10:00), and what to do with a send
+    /// that comes too late (--late send_now|next_window|skip); --clear removes the window.
+    SetWindow(WindowArgs),
     /// Cancels a campaign for good: the rest of it, and any job for it that comes later,
     /// is counted cancelled and never sent. Asks first unless --yes.
     Cancel {
@@ -230,6 +252,14 @@ pub async fn run_campaign(args: &CampaignArgs, settings: &Settings) -> Result<St
         CampaignCommand::SetExpiry { id, at } => {
             lifecycle::set_instant(&client, id, "expires_at", at, json).await
         }
+        CampaignCommand::SetPriority { id, class } => {
+            policy::set_priority(&client, id, class, json).await
+        }
+        CampaignCommand::SetFinishBy { id, at } => {
+            policy::set_finish_by(&client, id, at, json).await
+        }
+        CampaignCommand::SetRamp(ramp) => policy::set_ramp(&client, ramp, json).await,
+        CampaignCommand::SetWindow(window) => policy::set_window(&client, window, json).await,
         CampaignCommand::Cancel { id, yes } => lifecycle::cancel(&client, id, *yes, json).await,
         CampaignCommand::Events { id } => lifecycle::events(&client, id, json).await,
         CampaignCommand::Pause { id } | CampaignCommand::Resume { id } => {

@@ -114,6 +114,9 @@ pub(super) fn campaign_details(c: &CampaignOut) -> String {
     let when = |t: Option<DateTime<Utc>>| t.map_or_else(|| "none".into(), |t| t.to_rfc3339());
     kv("start_at", when(c.start_at));
     kv("expires_at", when(c.expires_at));
+    for (k, v) in super::policy::policy_rows(c) {
+        kv(k, v);
+    }
     if let (Some(p), Some(e)) = (&c.progress, &c.eta) {
         let total = p.total.map_or_else(|| "unknown".into(), |t| t.to_string());
         kv(

@@ -16,6 +16,7 @@
 
 pub mod ceiling;
 pub mod pacing;
+pub mod policy;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -61,6 +62,11 @@ pub struct SimulateArgs {
     /// but --format and --svg do not apply.
     #[arg(long)]
     pub ceiling: bool,
+    /// Run the delivery policy's scenarios on the scheduler instead (`policy.rs`: a
+    /// ramp-up, and a finish-by campaign with and without a cap halving its rate); the
+    /// other options but --format and --svg do not apply.
+    #[arg(long)]
+    pub policy: bool,
     /// Run the scheduler itself with this many campaigns in issue 24's long-tailed mix
     /// instead (`pacing.rs`); with --total-rate, --seconds, --job-size, --lateness-ms,
     /// --wake-slack-ms, --second-edge-ms.
@@ -100,6 +106,7 @@ impl Default for SimulateArgs {
             format: Format::Table,
             svg: None,
             ceiling: false,
+            policy: false,
             campaigns: None,
             total_rate: 50_000.0,
             seconds: 30,
@@ -376,6 +383,9 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     if args.ceiling {
         return run_ceiling(args);
     }
+    if args.policy {
+        return run_policy(args);
+    }
     if let Some(campaigns) = args.campaigns {
         let sim = pacing::PacingSim {
             campaigns,
@@ -432,6 +442,22 @@ fn run_ceiling(args: &SimulateArgs) -> Result<String, SimulateError> {
             Ok(out)
         }
         Format::Table => Ok(ceiling::table(&runs)),
+    }
+}
+
+fn run_policy(args: &SimulateArgs) -> Result<String, SimulateError> {
+    let report = policy::run();
+    if let Some(path) = &args.svg {
+        std::fs::write(path, policy::render_svg(&report)?)
+            .map_err(|e| SimulateError::Svg(format!("{}: {e}", path.display())))?;
+    }
+    match args.format {
+        Format::Json => {
+            let mut out = serde_json::to_string(&report)?;
+            out.push('\n');
+            Ok(out)
+        }
+        Format::Table => Ok(policy::table(&report)),
     }
 }
 

@@ -133,6 +133,7 @@ impl Scheduler {
     fn grow_slot_vectors(&mut self, len: usize) {
         if self.provider_caps.len() < len {
             self.provider_caps.resize_with(len, || None);
+            self.overdraft_caps.resize_with(len, || None);
             self.provider_in_flight.resize(len, 0);
             self.provider_max_in_flight.resize(len, u32::MAX);
         }
@@ -183,6 +184,11 @@ impl Scheduler {
         if self.app_gates[i].limits.as_ref() != Some(&limits) {
             let quantum_min = self.config.quantum_min.as_nanos() as Nanos;
             self.provider_caps[s] = provider.max_rate.map(|r| caps::cap_limiter(r, quantum_min));
+            self.overdraft_caps[s] = caps::overdraft_limiter(
+                provider.max_rate,
+                self.config.policy.critical_overdraft,
+                quantum_min,
+            );
             self.provider_max_in_flight[s] = provider.max_in_flight.unwrap_or(u32::MAX);
             self.lanes[s] = lanes::Lane::new(&provider);
         }

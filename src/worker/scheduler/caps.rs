@@ -8,30 +8,84 @@
 
 use super::Scheduler;
 use crate::limiter::hierarchical::HierarchicalLimiter;
+use crate::limiter::rate::MIN_RATE_PER_SECOND;
 use crate::limiter::{DynLimiter, Nanos, Rate};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Weighted water-filling: a campaign whose rate is below its weighted split of `cap`
-/// gets its rate; the others share what is left in proportion to their weights.
-/// `wanted` is (rate, weight, campaign slot); weights are positive (0.01–100).
-pub(super) fn max_min(cap: f64, wanted: &mut [(f64, f64, u32)], shares: &mut HashMap<u32, f64>) {
-    // Smallest rate per unit of weight first: those are the ones a split satisfies.
-    wanted.sort_by(|a, b| (a.0 / a.1).total_cmp(&(b.0 / b.1)));
+/// What a campaign asks of a cap: its rate (its own, or its share under a lower cap),
+/// its weight, its slot and its class's rank (0: critical).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Want {
+    pub rate: f64,
+    pub weight: f64,
+    pub slot: u32,
+    pub rank: u8,
+}
+
+/// Weighted water-filling by class: each class in turn, critical first, shares what the
+/// classes above left; within a class a campaign whose rate is below its weighted split
+/// gets its rate and the others share what is left in proportion to their weights.
+/// `critical` may take `overdraft × cap` beyond the cap. Weights are positive (0.01–100).
+pub(super) fn max_min(
+    cap: f64,
+    overdraft: f64,
+    wanted: &mut [Want],
+    shares: &mut HashMap<u32, f64>,
+) {
+    // Class first; then smallest rate per unit of weight: those a split satisfies.
+    wanted.sort_by(|a, b| {
+        a.rank
+            .cmp(&b.rank)
+            .then((a.rate / a.weight).total_cmp(&(b.rate / b.weight)))
+    });
     let mut left = cap;
-    let mut weight_left: f64 = wanted.iter().map(|w| w.1).sum();
-    for &(rate, weight, slot) in wanted.iter() {
-        let fair = left * weight / weight_left;
-        let share = rate.min(fair);
-        left -= share;
-        weight_left -= weight;
-        shares.insert(slot, share);
+    let mut start = 0;
+    while start < wanted.len() {
+        let rank = wanted[start].rank;
+        let end = start
+            + wanted[start..]
+                .iter()
+                .take_while(|w| w.rank == rank)
+                .count();
+        let class = &wanted[start..end];
+        let mut room = match rank {
+            0 => left + overdraft * cap,
+            _ => left,
+        }
+        .max(0.0);
+        let mut weight_left: f64 = class.iter().map(|w| w.weight).sum();
+        for w in class {
+            let share = w.rate.min(room * w.weight / weight_left);
+            room -= share;
+            weight_left -= w.weight;
+            left -= share;
+            shares.insert(w.slot, share);
+        }
+        left = left.max(0.0);
+        start = end;
     }
 }
 
 /// The hierarchical limiter of a cap, with a tolerance of one `quantum_min` of sends.
 pub(super) fn cap_limiter(rate: Rate, quantum_min: Nanos) -> HierarchicalLimiter {
     HierarchicalLimiter::new(rate, rate.permits_in(quantum_min).ceil() as u32)
+}
+
+/// With `limiter.critical_overdraft`, a provider's cap plus that allowance: the cap
+/// `critical` turns pass, and every send counts against. (One cap at the larger rate,
+/// not an allowance beside the cap: two caps each losing what they leave unused lose
+/// part of the allowance.)
+pub(super) fn overdraft_limiter(
+    max_rate: Option<Rate>,
+    overdraft: f64,
+    quantum_min: Nanos,
+) -> Option<HierarchicalLimiter> {
+    if overdraft.is_nan() || overdraft <= 0.0 {
+        return None;
+    }
+    let rate = Rate::per_second(max_rate?.as_f64() * (1.0 + overdraft)).ok()?;
+    Some(cap_limiter(rate, quantum_min))
 }
 
 impl Scheduler {
@@ -52,29 +106,48 @@ impl Scheduler {
     }
 
     /// How many of `want` sends through `provider` its `max_rate` cap passes now, and
-    /// when the next would pass if not all. Taking nothing: [`Self::provider_take`]
-    /// takes what the turn then sent.
+    /// when the next would pass if not all; a `critical` turn is passed by the cap plus
+    /// its overdraft allowance instead. Taking nothing: [`Self::provider_take`] takes
+    /// what the turn then sent.
     pub(super) fn provider_gate(
         &self,
         provider: u16,
         want: u32,
         now: Nanos,
+        critical: bool,
+        first: bool,
     ) -> (u32, Option<Nanos>) {
-        let (want, at) = match self
-            .provider_caps
-            .get(usize::from(provider))
-            .and_then(Option::as_ref)
-        {
-            Some(cap) if want > 0 => cap.room(want, now),
-            _ => (want, None),
-        };
-        match self.kind_cap(provider) {
+        if first {
+            // Served before the classes below it: its share fits under the caps, and
+            // its sends are taken from them whatever their room (`provider_take`).
+            return (want, None);
+        }
+        let p = usize::from(provider);
+        let cap = self.provider_caps.get(p).and_then(Option::as_ref);
+        let outer = self.overdraft_caps.get(p).and_then(Option::as_ref);
+        let gates = [
+            if critical && outer.is_some() {
+                None
+            } else {
+                cap
+            },
+            outer,
+        ];
+        let (mut want, mut at) = (want, None);
+        for gate in gates.into_iter().flatten() {
+            if want > 0 {
+                let (room, t) = gate.room(want, now);
+                (want, at) = (room, at.max(t));
+            }
+        }
+        let (passed, at) = match self.kind_cap(provider) {
             Some(kind) if want > 0 => {
                 let (room, kind_at) = kind.room(want, now);
                 (room, at.max(kind_at))
             }
             _ => (want, at),
-        }
+        };
+        (passed, at)
     }
 
     /// The cap of `provider`'s kind, when it is an app slot of a capped kind.
@@ -89,15 +162,35 @@ impl Scheduler {
             .map(|(_, c)| c)
     }
 
-    /// Takes `n` sends through `provider` from its cap.
-    pub(super) fn provider_take(&self, provider: u16, n: u32, now: Nanos) {
-        if let Some(cap) = self
-            .provider_caps
-            .get(usize::from(provider))
-            .and_then(Option::as_ref)
-        {
+    /// Takes `n` sends through `provider` from its cap (a critical turn's, as many as
+    /// the cap has room for: the rest went on the allowance).
+    pub(super) fn provider_take(
+        &self,
+        provider: u16,
+        n: u32,
+        now: Nanos,
+        (critical, first): (bool, bool),
+    ) {
+        let p = usize::from(provider);
+        let outer = self.overdraft_caps.get(p).and_then(Option::as_ref);
+        if first {
+            let caps = [self.provider_caps.get(p).and_then(Option::as_ref), outer];
+            for cap in caps.into_iter().flatten().chain(self.kind_cap(provider)) {
+                cap.force(n, now);
+            }
+            return;
+        }
+        if let Some(cap) = self.provider_caps.get(p).and_then(Option::as_ref) {
+            let n = if critical && outer.is_some() {
+                cap.room(n, now).0
+            } else {
+                n
+            };
             // The gate passed them a moment ago on this one thread: nothing took the room.
             let _ = cap.take(n, now);
+        }
+        if let Some(outer) = outer {
+            let _ = outer.take(n, now);
         }
         if let Some(kind) = self.kind_cap(provider) {
             let _ = kind.take(n, now);
@@ -116,7 +209,7 @@ impl Scheduler {
             return;
         }
         self.shares_applied = capped;
-        let sending: Vec<(f64, f64, u32, u16)> = self
+        let sending: Vec<(Want, u16)> = self
             .active
             .iter()
             .filter_map(|&slot| {
@@ -125,37 +218,46 @@ impl Scheduler {
                     && !c.settings.halted
                     && c.halt.is_none()
                     && !c.waiting_start;
-                let w = c.settings.weight;
-                sending.then(|| (c.settings.rate.as_f64(), w, slot, c.provider))
+                let want = Want {
+                    rate: self.wanted_rate(slot, now),
+                    weight: c.settings.weight,
+                    slot,
+                    rank: c.settings.priority.rank() as u8,
+                };
+                sending.then_some((want, c.provider))
             })
             .collect();
         let mut shares: HashMap<u32, f64> = HashMap::new();
         // Grouped by provider first: a platform has a slot per app kind, so a pass per
         // slot over every campaign would cost slots × campaigns.
-        let mut by_provider: HashMap<u16, Vec<(f64, f64, u32)>> = HashMap::new();
-        for &(rate, weight, slot, provider) in &sending {
-            by_provider
-                .entry(provider)
-                .or_default()
-                .push((rate, weight, slot));
+        let mut by_provider: HashMap<u16, Vec<Want>> = HashMap::new();
+        for &(want, provider) in &sending {
+            by_provider.entry(provider).or_default().push(want);
         }
+        let overdraft = self.config.policy.critical_overdraft;
         for (p, mut group) in by_provider {
             if let Some(cap) = self.provider_cap_now(usize::from(p)) {
-                max_min(cap, &mut group, &mut shares);
+                max_min(cap, overdraft, &mut group, &mut shares);
             }
         }
         self.share_under_kind_caps(&sending, &mut shares);
         if let Some(g) = &self.global {
-            let mut wanted: Vec<(f64, f64, u32)> = sending
+            let mut wanted: Vec<Want> = sending
                 .iter()
-                .map(|&(rate, weight, slot, _)| {
-                    (shares.get(&slot).copied().unwrap_or(rate), weight, slot)
+                .map(|&(w, _)| Want {
+                    rate: shares.get(&w.slot).copied().unwrap_or(w.rate),
+                    ..w
                 })
                 .collect();
-            max_min(g.global_rate().as_f64(), &mut wanted, &mut shares);
+            max_min(g.global_rate().as_f64(), 0.0, &mut wanted, &mut shares);
         }
+        self.note_starved(&shares, now);
+        self.set_precedence(&sending);
         for slot in 0..self.campaigns.len() as u32 {
-            let share = shares.get(&slot).and_then(|r| Rate::per_second(*r).ok());
+            // A class above may leave a campaign nothing: the least rate, never none.
+            let share = shares
+                .get(&slot)
+                .and_then(|r| Rate::per_second(r.max(MIN_RATE_PER_SECOND)).ok());
             self.set_effective_rate(slot, share, now);
         }
     }
@@ -176,21 +278,18 @@ impl Scheduler {
 
     /// The apps' kind caps (`apps.max_rate_<kind>`): the campaigns sending through any
     /// app of a capped kind share it, each wanting its share under its app's cap.
-    fn share_under_kind_caps(
-        &self,
-        sending: &[(f64, f64, u32, u16)],
-        shares: &mut HashMap<u32, f64>,
-    ) {
+    fn share_under_kind_caps(&self, sending: &[(Want, u16)], shares: &mut HashMap<u32, f64>) {
         for (kind, cap) in &self.kind_caps {
-            let mut group: Vec<(f64, f64, u32)> = sending
+            let mut group: Vec<Want> = sending
                 .iter()
-                .filter(|(_, _, _, p)| self.is_app_slot(*p) && self.providers.get(*p).kind == *kind)
-                .map(|&(rate, weight, slot, _)| {
-                    (shares.get(&slot).copied().unwrap_or(rate), weight, slot)
+                .filter(|(_, p)| self.is_app_slot(*p) && self.providers.get(*p).kind == *kind)
+                .map(|&(w, _)| Want {
+                    rate: shares.get(&w.slot).copied().unwrap_or(w.rate),
+                    ..w
                 })
                 .collect();
             if !group.is_empty() {
-                max_min(cap.global_rate().as_f64(), &mut group, shares);
+                max_min(cap.global_rate().as_f64(), 0.0, &mut group, shares);
             }
         }
     }
@@ -215,15 +314,22 @@ impl Scheduler {
     }
 
     /// Sets a campaign's limiter to `share`, or to its own send_rate without one.
-    fn set_effective_rate(&mut self, slot: u32, share: Option<Rate>, now: Nanos) {
+    pub(super) fn set_effective_rate(&mut self, slot: u32, share: Option<Rate>, now: Nanos) {
+        let wanted = self.wanted_rate(slot, now);
         let Some(c) = self.campaigns[slot as usize].as_mut() else {
             return;
         };
-        let target = share.unwrap_or(c.settings.rate);
+        let target = match share {
+            Some(r) => r,
+            None => Rate::per_second(wanted).unwrap_or(c.settings.rate),
+        };
         if target != c.effective_rate {
             c.limiter.set_rate(target, now);
             c.effective_rate = target;
-            c.next_at = None;
+            // A permit already due keeps its instant, so that the turn still makes up
+            // its lateness (a ramp sets the rate 10 times a second); a later one is
+            // asked again at the new rate.
+            c.next_at = c.next_at.filter(|&t| t <= now);
             self.counters.live_changes += 1;
             self.mark_ready(slot);
         }
@@ -292,8 +398,8 @@ mod tests {
     #[test]
     fn max_min_gives_small_asks_in_full_and_splits_the_rest() {
         let mut shares = HashMap::new();
-        let mut wanted = vec![(500.0, 1.0, 1), (10.0, 1.0, 2), (1000.0, 1.0, 3)];
-        max_min(600.0, &mut wanted, &mut shares);
+        let mut wanted = wants(&[(500.0, 1.0, 1), (10.0, 1.0, 2), (1000.0, 1.0, 3)]);
+        max_min(600.0, 0.0, &mut wanted, &mut shares);
         assert_eq!(shares[&2], 10.0);
         assert_eq!(shares[&1], 295.0);
         assert_eq!(shares[&3], 295.0);
@@ -302,14 +408,134 @@ mod tests {
     #[test]
     fn weights_split_in_proportion_and_never_above_a_rate() {
         let mut shares = HashMap::new();
-        let mut wanted = vec![(1000.0, 1.0, 1), (1000.0, 2.0, 2), (1000.0, 3.0, 3)];
-        max_min(600.0, &mut wanted, &mut shares);
+        let mut wanted = wants(&[(1000.0, 1.0, 1), (1000.0, 2.0, 2), (1000.0, 3.0, 3)]);
+        max_min(600.0, 0.0, &mut wanted, &mut shares);
         assert_eq!((shares[&1], shares[&2], shares[&3]), (100.0, 200.0, 300.0));
         // The heavy one asks little: it gets that, the rest split 1:2 what is left.
         let mut shares = HashMap::new();
-        let mut wanted = vec![(1000.0, 1.0, 1), (1000.0, 2.0, 2), (30.0, 3.0, 3)];
-        max_min(600.0, &mut wanted, &mut shares);
+        let mut wanted = wants(&[(1000.0, 1.0, 1), (1000.0, 2.0, 2), (30.0, 3.0, 3)]);
+        max_min(600.0, 0.0, &mut wanted, &mut shares);
         assert_eq!(shares[&3], 30.0);
         assert!((shares[&1] - 190.0).abs() < 1e-9 && (shares[&2] - 380.0).abs() < 1e-9);
+    }
+
+    fn wants(list: &[(f64, f64, u32)]) -> Vec<Want> {
+        list.iter()
+            .map(|&(rate, weight, slot)| Want {
+                rate,
+                weight,
+                slot,
+                rank: 2,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_class_is_served_before_the_ones_below_and_shares_within() {
+        // A critical 300/s, two high 400/s, three bulk: under 1,000/s.
+        let mut wanted = vec![
+            Want {
+                rate: 1000.0,
+                weight: 1.0,
+                slot: 10,
+                rank: 3,
+            },
+            Want {
+                rate: 1000.0,
+                weight: 3.0,
+                slot: 11,
+                rank: 3,
+            },
+            Want {
+                rate: 300.0,
+                weight: 1.0,
+                slot: 1,
+                rank: 0,
+            },
+            Want {
+                rate: 400.0,
+                weight: 1.0,
+                slot: 2,
+                rank: 1,
+            },
+            Want {
+                rate: 400.0,
+                weight: 1.0,
+                slot: 3,
+                rank: 1,
+            },
+        ];
+        let mut shares = HashMap::new();
+        max_min(1000.0, 0.0, &mut wanted, &mut shares);
+        assert_eq!(shares[&1], 300.0);
+        // The high ones share the 700 left: 350 each, below their 400.
+        assert_eq!((shares[&2], shares[&3]), (350.0, 350.0));
+        assert_eq!((shares[&10], shares[&11]), (0.0, 0.0));
+        // Bulk shares what is left by weight once the classes above ask less.
+        let mut wanted = vec![
+            Want {
+                rate: 1000.0,
+                weight: 1.0,
+                slot: 10,
+                rank: 3,
+            },
+            Want {
+                rate: 1000.0,
+                weight: 3.0,
+                slot: 11,
+                rank: 3,
+            },
+            Want {
+                rate: 200.0,
+                weight: 1.0,
+                slot: 1,
+                rank: 0,
+            },
+        ];
+        let mut shares = HashMap::new();
+        max_min(1000.0, 0.0, &mut wanted, &mut shares);
+        assert_eq!(
+            (shares[&1], shares[&10], shares[&11]),
+            (200.0, 200.0, 600.0)
+        );
+    }
+
+    #[test]
+    fn critical_may_overdraw_the_cap_by_its_allowance_only() {
+        let mut wanted = vec![
+            Want {
+                rate: 2000.0,
+                weight: 1.0,
+                slot: 1,
+                rank: 0,
+            },
+            Want {
+                rate: 1000.0,
+                weight: 1.0,
+                slot: 2,
+                rank: 2,
+            },
+        ];
+        let mut shares = HashMap::new();
+        max_min(1000.0, 0.2, &mut wanted, &mut shares);
+        assert_eq!((shares[&1], shares[&2]), (1200.0, 0.0));
+        // Within the allowance it takes what it wants, and leaves the rest of the cap.
+        let mut wanted = vec![
+            Want {
+                rate: 400.0,
+                weight: 1.0,
+                slot: 1,
+                rank: 0,
+            },
+            Want {
+                rate: 1000.0,
+                weight: 1.0,
+                slot: 2,
+                rank: 2,
+            },
+        ];
+        let mut shares = HashMap::new();
+        max_min(1000.0, 0.2, &mut wanted, &mut shares);
+        assert_eq!((shares[&1], shares[&2]), (400.0, 600.0));
     }
 }

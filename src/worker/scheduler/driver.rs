@@ -226,6 +226,7 @@ fn apply_control(scheduler: &mut Scheduler, msg: Control, time: &TimeBase) {
         Control::Job(job) => scheduler.add_job(job, time.now()),
         Control::Settings(s) => scheduler.apply_settings(s, time.now()),
         Control::App(u) => scheduler.apply_app(u, time.now(), super::unix_now()),
+        Control::Plan { campaign, rate } => scheduler.apply_plan(campaign, rate, time.now()),
         Control::Revoke { partitions, done } => scheduler.start_revoke(partitions, done),
     }
 }

@@ -35,6 +35,8 @@ pub(super) struct ActiveJob {
     pub(super) dispatched: Arc<AtomicU32>,
     /// Its expiry or cancel, once one applies.
     pub(super) ended: lifecycle::JobEnd,
+    /// When its zone's send window closes (unix ms), while it is queued in one.
+    pub(super) closes_ms: Option<i64>,
 }
 
 impl ActiveJob {

@@ -270,8 +270,16 @@ impl Scheduler {
             }
         }
         let mut moved = false;
-        for (lane, &demand) in self.lanes.iter_mut().zip(&demand) {
+        let mut lifted = Vec::new();
+        for (p, (lane, &demand)) in self.lanes.iter_mut().zip(&demand).enumerate() {
+            let limited = lane.limit().is_some();
             moved |= lane.judge(now, demand, unix_sec);
+            if limited && lane.limit().is_none() {
+                lifted.push(p as u16);
+            }
+        }
+        for p in lifted {
+            self.ramp_after_lift(p, now);
         }
         // An origin's ceiling paces its own sends at dispatch: no campaign is re-shared.
         self.origins.judge(now, &demand, unix_sec);

@@ -29,12 +29,15 @@ pub(super) enum End {
     Cancelled,
     /// Its app was deleted: counted failed, one `unknown_app` letter per job.
     AppDeleted,
+    /// Its recipients' local time had passed under `late_policy: skip`: counted
+    /// `expired`, one letter per job.
+    LateSkip,
 }
 
 impl End {
     fn outcome(self) -> Outcome {
         match self {
-            End::Expired => Outcome::Expired,
+            End::Expired | End::LateSkip => Outcome::Expired,
             End::Cancelled => Outcome::Cancelled,
             End::AppDeleted => Outcome::Failed,
         }
@@ -42,7 +45,7 @@ impl End {
 
     /// Whether the job's end is a letter (one per job, with the count).
     fn has_letter(self) -> bool {
-        matches!(self, End::Expired | End::AppDeleted)
+        matches!(self, End::Expired | End::AppDeleted | End::LateSkip)
     }
 }
 
@@ -91,8 +94,11 @@ impl Scheduler {
         if let Some(t) = expires {
             c.next_job_expiry = Some(c.next_job_expiry.map_or(t, |e: i64| e.min(t)));
         }
+        let local = !c.settings.local.is_empty();
         match not_before {
             Some(t) if t > now_ms => c.scheduled.push(Reverse((t, jslot))),
+            // Due now, but its zone's window decides: the gate looks at it first.
+            _ if local => c.scheduled.push(Reverse((now_ms, jslot))),
             _ => c.queue.push_back(jslot),
         }
     }
@@ -111,8 +117,10 @@ impl Scheduler {
         let s = &c.settings;
         if s.start_at_ms.is_none()
             && s.expires_at_ms.is_none()
+            && s.finish_by_ms.is_none()
             && c.scheduled.is_empty()
             && c.next_job_expiry.is_none()
+            && c.next_close_ms.is_none()
             && !c.waiting_start
         {
             return (true, None);
@@ -123,24 +131,22 @@ impl Scheduler {
             return (false, None);
         }
         let mut wake = s.expires_at_ms.map(|t| self.wake_at(t, now));
-        let starting = s.start_at_ms.filter(|&t| now_ms < t);
+        let starting = self.jittered_start_ms(s).filter(|&t| now_ms < t);
         if let Some(t) = starting {
             let w = self.wake_at(t, now);
             self.set_waiting_start(slot, true, now);
             return (false, Some(wake.map_or(w, |x| x.min(w))));
         }
         self.set_waiting_start(slot, false, now);
-        let c = self.campaigns[slot as usize].as_mut().expect("campaign");
-        let mut next_due = None;
-        while let Some(&Reverse((t, jslot))) = c.scheduled.peek() {
-            if t > now_ms {
-                next_due = Some(t);
-                break;
-            }
-            c.scheduled.pop();
-            c.queue.push_back(jslot);
+        if self.awaits_plan(slot, now_ms) {
+            // The planner's first word comes within a second; it wakes the campaign.
+            let w = now + NANOS_PER_SEC;
+            return (false, Some(wake.map_or(w, |x| x.min(w))));
         }
-        let next_expiry = c.next_job_expiry;
+        let next_due = self.release_due(slot, now, now_ms, unix_sec);
+        let next_expiry = self.campaigns[slot as usize]
+            .as_ref()
+            .and_then(|c| c.next_job_expiry);
         if let Some(t) = next_due {
             let w = self.wake_at(t, now);
             wake = Some(wake.map_or(w, |x| x.min(w)));
@@ -166,6 +172,8 @@ impl Scheduler {
             if !waiting {
                 tracing::info!(campaign = %c.settings.id, "campaign start reached");
                 c.next_at = None;
+                self.start_ramp(slot, now);
+                self.sync_rate(slot, now);
             }
             self.rebalance(now);
         }
@@ -251,7 +259,7 @@ impl Scheduler {
         let c = self.campaigns[cslot as usize].as_mut().expect("campaign");
         c.counter.record(unix_sec, end.outcome(), n);
         match end {
-            End::Expired => {
+            End::Expired | End::LateSkip => {
                 c.expired += u64::from(n);
                 self.expired_total.increment(u64::from(n));
             }
@@ -276,6 +284,7 @@ impl Scheduler {
             job.ended.letter_queued = true;
             let letter = match job.ended.end {
                 Some(End::AppDeleted) => self.unknown_app_letter(jslot),
+                Some(End::LateSkip) => self.late_skip_letter(jslot),
                 _ => self.expiry_letter(jslot),
             };
             let job = self.jobs[jslot as usize].as_ref().expect("job");
@@ -346,7 +355,12 @@ impl Scheduler {
 }
 
 /// A whole job's letter (not one device's), with `raw` as the message kept.
-fn job_letter(job: &ActiveJob, kind: DeadLetterKind, reason: String, raw: Vec<u8>) -> Letter {
+pub(super) fn job_letter(
+    job: &ActiveJob,
+    kind: DeadLetterKind,
+    reason: String,
+    raw: Vec<u8>,
+) -> Letter {
     Letter {
         kind,
         partition: job.partition,

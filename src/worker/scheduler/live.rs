@@ -77,4 +77,15 @@ pub struct CampaignLive {
     pub waiting_for_app: Option<Arc<str>>,
     /// The registered app its next sends go through, when they go through one.
     pub app_id: Option<Arc<str>>,
+    /// Its priority class.
+    pub priority: crate::job::PriorityClass,
+    /// While it ramps up: the fraction of its full rate it is allowed now (0–1).
+    pub ramp: Option<f64>,
+    /// How long it has had work but (almost) no share under a cap, because classes
+    /// above it took the cap: `None` while it gets its share.
+    pub starved_ms: Option<u64>,
+    /// Its `finish_by` (unix ms), which the planner plans its rate from.
+    pub finish_by_ms: Option<i64>,
+    /// The zones of its held jobs, under local-time rules (a few dozen at most).
+    pub zones: Vec<crate::job::window::Zone>,
 }

@@ -2,6 +2,7 @@
 //! the control messages, the events to intake, and a send's completion.
 
 use super::*;
+use crate::job::PriorityClass;
 
 /// A campaign's effective settings (the store's, which win over a job's).
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +25,17 @@ pub struct CampaignSettings {
     pub expires_at_ms: Option<i64>,
     /// Cancelled (final): its jobs, and later ones, are finished without a send.
     pub cancelled: bool,
+    /// Under a shared cap, served strictly before the classes below it.
+    pub priority: PriorityClass,
+    /// Seconds its rate takes to climb to the full rate; `None`: `limiter.ramp_up_s`.
+    pub ramp_up_s: Option<f64>,
+    /// The fraction of the full rate a ramp starts at; `None`: `limiter.ramp_from`.
+    pub ramp_from: Option<f64>,
+    /// Unix milliseconds by which it should be finished: its rate is then planned from
+    /// what remains ([`Control::Plan`]), with `rate` as the most it may send at.
+    pub finish_by_ms: Option<i64>,
+    /// Its recipients' local-time rules, applied in the zone each job states.
+    pub local: crate::job::window::LocalPolicy,
 }
 
 /// A job handed over by the consumer.
@@ -64,6 +76,11 @@ impl CampaignSettings {
             start_at_ms: None,
             expires_at_ms: None,
             cancelled: false,
+            priority: PriorityClass::Normal,
+            ramp_up_s: None,
+            ramp_from: None,
+            finish_by_ms: None,
+            local: Default::default(),
         }
     }
 }
@@ -92,6 +109,12 @@ pub enum Control {
     Settings(CampaignSettings),
     /// An app slot's provider, or why its jobs wait (the app router's word).
     App(super::AppUpdate),
+    /// A finish-by campaign's planned rate on this worker (`None`: no plan, its
+    /// send_rate), from the planner's reading of what remains.
+    Plan {
+        campaign: Arc<str>,
+        rate: Option<Rate>,
+    },
     /// Stop dispatching these partitions' jobs, wait for their in-flight sends, drop
     /// them, and answer. Their unfinished devices are re-read by the next owner.
     Revoke {

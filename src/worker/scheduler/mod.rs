@@ -50,12 +50,15 @@ mod live;
 mod messages;
 mod origins;
 mod outlet;
+mod policy;
 mod prefetch;
+mod ramp;
 mod refusals;
 mod registry;
 mod rounds;
 mod waits;
 mod wheel;
+mod windows;
 
 pub use crate::limiter::factory::{LimiterFactory, LocalLimiters};
 pub use app_gates::{AppState, AppUpdate};
@@ -63,6 +66,7 @@ pub use driver::{acquire_catching_up, run, TimeBase};
 use jobs::{ActiveJob, RetryItem};
 pub use live::{CampaignLive, SchedulerStats};
 pub use messages::{CampaignSettings, Completion, Control, Event, IncomingJob};
+pub use ramp::RAMP_TICK;
 pub use waits::{WaitHistogram, WAIT_BUCKETS};
 
 pub use lanes::{LanePoint, ProviderLive, HISTORY_S};
@@ -130,6 +134,33 @@ pub struct SchedulerConfig {
     /// A permit due this close to a wall-clock second's end leaves at the next second's
     /// start, so that each second counts the permits of one 1-s window (`edge`).
     pub second_edge: Duration,
+    /// The delivery policy's worker-wide defaults (`[limiter]`).
+    pub policy: PolicyDefaults,
+}
+
+/// `[limiter]`'s delivery-policy settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyDefaults {
+    /// A campaign's ramp-up when it sets none, in seconds (0: none).
+    pub ramp_up_s: f64,
+    /// Where a ramp starts, as a fraction of the full rate.
+    pub ramp_from: f64,
+    /// A campaign's `start_at` is put off by up to this much, the same for a campaign on
+    /// every worker, so that campaigns scheduled for one instant do not start together.
+    pub start_jitter: Duration,
+    /// How far `critical` campaigns may go over a provider-side cap, as a fraction of it.
+    pub critical_overdraft: f64,
+}
+
+impl Default for PolicyDefaults {
+    fn default() -> Self {
+        Self {
+            ramp_up_s: 0.0,
+            ramp_from: crate::job::policy::DEFAULT_RAMP_FROM,
+            start_jitter: Duration::ZERO,
+            critical_overdraft: 0.0,
+        }
+    }
 }
 
 /// The shipped defaults (config/base.toml) with in-process limiters and no global cap.
@@ -151,6 +182,7 @@ impl Default for SchedulerConfig {
             visit_all_every: None,
             wake_slack: Duration::from_millis(DEFAULT_WAKE_SLACK_MS),
             second_edge: Duration::from_millis(DEFAULT_SECOND_EDGE_MS),
+            policy: PolicyDefaults::default(),
         }
     }
 }
@@ -169,6 +201,7 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("forget_after", &self.forget_after)
             .field("wake_slack", &self.wake_slack)
             .field("second_edge", &self.second_edge)
+            .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
 }
@@ -241,6 +274,16 @@ struct Campaign {
     ready: bool,
     /// In the room waiters: below its share, it found the pool or its provider full.
     waiting_room: bool,
+    /// Its ramp-up while it climbs to its full rate.
+    ramp: Option<ramp::Ramp>,
+    /// Its finish-by plan on this worker, under its send_rate.
+    plan: Option<Rate>,
+    /// Since when it has had work but (almost) no share: the classes above took the cap.
+    starved_since: Option<Nanos>,
+    /// The earliest close (unix ms) of a local send window its queued jobs are in.
+    next_close_ms: Option<i64>,
+    /// Served before a lower class under the global cap (its limiter's `set_first`).
+    first_under_global: bool,
 }
 
 impl Campaign {
@@ -335,6 +378,16 @@ pub struct Scheduler {
     /// lanes, live changes): rebuilt once a second at most, not per snapshot, since
     /// each lane carries minutes of history and an app platform has many lanes.
     lanes_shown: std::cell::RefCell<Option<LanesShown>>,
+    /// Campaigns climbing their ramp-up, and when their rates are next set.
+    ramping: Vec<u32>,
+    next_ramp_at: Nanos,
+    /// Finish-by plans by campaign, kept while a campaign is not held.
+    plans: HashMap<Arc<str>, Rate>,
+    /// What `critical` campaigns may send over each provider's cap, by slot.
+    overdraft_caps: Vec<Option<HierarchicalLimiter>>,
+    /// The lowest class (highest rank) sending through each provider, by slot, as of
+    /// the last rebalance: the classes above it are served first there.
+    lowest_rank: Vec<u8>,
 }
 
 impl Scheduler {
@@ -359,6 +412,11 @@ impl Scheduler {
         let provider_caps = providers
             .iter()
             .map(|p| p.max_rate.map(|r| caps::cap_limiter(r, quantum_min)))
+            .collect();
+        let overdraft = config.policy.critical_overdraft;
+        let overdraft_caps = providers
+            .iter()
+            .map(|p| caps::overdraft_limiter(p.max_rate, overdraft, quantum_min))
             .collect();
         let provider_max_in_flight = providers
             .iter()
@@ -416,6 +474,11 @@ impl Scheduler {
             last_visit_all: 0,
             rate_sum: std::cell::Cell::new(None),
             lanes_shown: std::cell::RefCell::new(None),
+            ramping: Vec::new(),
+            next_ramp_at: 0,
+            plans: HashMap::new(),
+            overdraft_caps,
+            lowest_rank: Vec::new(),
         }
     }
 
@@ -499,8 +562,8 @@ impl Scheduler {
         self.campaigns
             .iter()
             .enumerate()
-            .filter_map(|(slot, c)| c.as_ref().map(|c| (held[slot], c)))
-            .map(|(held_devices, c)| CampaignLive {
+            .filter_map(|(slot, c)| c.as_ref().map(|c| (slot, held[slot], c)))
+            .map(|(slot, held_devices, c)| CampaignLive {
                 id: c.settings.id.clone(),
                 rate: c.settings.rate.as_f64(),
                 effective_rate: c.effective_rate.as_f64(),
@@ -528,6 +591,11 @@ impl Scheduler {
                 held_devices,
                 total_devices: c.total_devices,
                 waiting_start: c.waiting_start,
+                priority: c.settings.priority,
+                ramp: c.ramp.map(|r| r.fraction(self.now_hint)),
+                starved_ms: self.starved_ms(c),
+                finish_by_ms: c.settings.finish_by_ms,
+                zones: self.zones_of(slot as u32),
             })
             .collect()
     }
@@ -578,6 +646,8 @@ mod outcome_tests;
 #[cfg(test)]
 mod pacing_tests;
 #[cfg(test)]
+mod policy_tests;
+#[cfg(test)]
 mod provider_tests;
 #[cfg(test)]
 mod refusal_tests;
@@ -585,6 +655,8 @@ mod refusal_tests;
 mod revoke_tests;
 #[cfg(test)]
 mod room_tests;
+#[cfg(test)]
+mod window_tests;
 
 #[cfg(test)]
 pub(super) mod tests {

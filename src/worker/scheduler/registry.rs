@@ -30,6 +30,8 @@ impl Scheduler {
             .expect("indexed campaign");
         if let Some(l) = limiter {
             c.limiter = l;
+            // The new limiter is not served first until the next rebalance says so.
+            c.first_under_global = false;
         }
         c.next_at = None;
         self.rate_sum.set(None);
@@ -37,10 +39,29 @@ impl Scheduler {
         let c = self.campaigns[slot as usize]
             .as_mut()
             .expect("indexed campaign");
-        tracing::info!(campaign = %s.id, rate = %s.rate, algorithm = %s.algorithm, paused = s.paused, halted = s.halted, "campaign settings applied");
+        tracing::info!(campaign = %s.id, rate = %s.rate, algorithm = %s.algorithm, paused = s.paused, halted = s.halted, priority = %s.priority, "campaign settings applied");
         let (halted, paused, cancelled) = (s.halted, s.paused, s.cancelled);
+        let was_stopped = c.settings.paused || c.settings.halted || c.halt.is_some();
+        let reclassed = (c.settings.priority != s.priority).then_some(s.priority);
+        let reramped = (c.settings.ramp_up_s, c.settings.ramp_from) != (s.ramp_up_s, s.ramp_from)
+            && c.ramp.is_some();
+        let relocal = c.settings.local != s.local;
         c.settings = s;
         self.apply_halt_settings(slot, halted, paused);
+        if let Some(class) = reclassed {
+            self.restamp_jobs(slot, class);
+        }
+        if relocal {
+            self.recheck_windows(slot, now);
+        }
+        let c = self.campaigns[slot as usize]
+            .as_ref()
+            .expect("indexed campaign");
+        let stopped = c.settings.paused || c.settings.halted || c.halt.is_some();
+        if (was_stopped && !stopped) || reramped {
+            // A campaign that resumes climbs again (FCM: no sudden change of rate).
+            self.start_ramp(slot, now);
+        }
         if cancelled {
             self.cancel_campaign(slot, now);
         }
@@ -78,6 +99,7 @@ impl Scheduler {
             .insert(campaign_id.clone(), (settings.clone(), now));
         // An app slot's state (gate, cap, lane) exists before its first job is held.
         self.ensure_slot(job.provider_slot);
+        self.stamp_class(&job, settings.priority);
         let cslot = self.campaign_slot(settings, job.provider_slot);
         let mut active =
             self.new_active_job(job, cslot, (partition, offset), already_done, dispatched);
@@ -145,6 +167,7 @@ impl Scheduler {
             done_ahead: 0,
             dispatched,
             ended: Default::default(),
+            closes_ms: None,
         };
         active.dispatched.store(already_done, Ordering::Relaxed);
         for i in 0..already_done {
@@ -219,10 +242,10 @@ impl Scheduler {
         if let Some(&s) = self.by_id.get(&settings.id) {
             return s;
         }
-        let limiter = self.build_limiter(&settings, settings.rate);
-        let counter = self.stats.campaign(&settings.id);
-        let effective_rate = settings.rate;
         let id = settings.id.clone();
+        let effective_rate = self.first_rate(&settings);
+        let limiter = self.build_limiter(&settings, effective_rate);
+        let counter = self.stats.campaign(&settings.id);
         let c = Campaign {
             settings,
             limiter,
@@ -251,6 +274,11 @@ impl Scheduler {
             total_devices: None,
             ready: false,
             waiting_room: false,
+            ramp: None,
+            plan: self.plans.get(&id).copied(),
+            starved_since: None,
+            next_close_ms: None,
+            first_under_global: false,
         };
         let slot = match self.campaigns.iter().position(|c| c.is_none()) {
             Some(i) => {
@@ -264,6 +292,7 @@ impl Scheduler {
         };
         self.by_id.insert(id, slot);
         self.counters.rate_changes += 1;
+        self.start_ramp(slot, self.now_hint);
         slot
     }
 

@@ -2,6 +2,7 @@
 //! retries first, then the job cursor) and the dispatch of each send.
 
 use super::*;
+use crate::job::PriorityClass;
 
 impl Scheduler {
     /// The round's quantum: short when rates are high, long when they are low. It aims at
@@ -61,6 +62,7 @@ impl Scheduler {
             return self.letters_wake(now);
         }
         let share = (self.config.max_in_flight / n).max(1) as u32;
+        let ramp_at = self.tick_ramps(now);
         self.wake_due(now);
         // Campaigns that go idle in this round are released after it, so that the
         // active list does not change under the loop.
@@ -70,10 +72,10 @@ impl Scheduler {
         while let Some(slot) = self.deferred_release.pop() {
             self.release_campaign_if_idle(slot);
         }
-        match (self.next_due(), self.letters_wake(now)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.next_due(), self.letters_wake(now), ramp_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// One campaign's turn: as many permits as it has work and room for, retries first.
@@ -98,8 +100,11 @@ impl Scheduler {
         }
         // The turn sends through one provider (its oldest work's): that provider's cap,
         // not the campaign's first job's, passes them.
-        let provider = self.campaigns[slot as usize].as_ref()?.provider;
-        let (want, gate_at) = self.provider_gate(provider, want, now);
+        let c = self.campaigns[slot as usize].as_ref()?;
+        let provider = c.provider;
+        let critical = c.settings.priority == PriorityClass::Critical;
+        let first = self.served_first(provider, c.settings.priority);
+        let (want, gate_at) = self.provider_gate(provider, want, now, critical, first);
         if let Some(t) = gate_at {
             wake = Some(wake.map_or(t, |w| w.min(t)));
         }
@@ -113,7 +118,7 @@ impl Scheduler {
         let c = self.campaigns[slot as usize].as_mut()?;
         let grant = acquire_catching_up(c.limiter.as_ref(), want, c.next_at, horizon, budget);
         c.next_at = grant.next_at;
-        self.provider_take(provider, grant.granted, now);
+        self.provider_take(provider, grant.granted, now, (critical, first));
         if cut && gate_at.is_none() && grant.granted == want {
             // Room, not its limiter, held it below its share.
             self.wait_for_room(slot);

@@ -41,6 +41,11 @@ fn campaign(id: &str, app: &str) -> CampaignLive {
         waiting_start: false,
         waiting_for_app: Some(Arc::from(format!("waiting for app {app}: halted"))),
         app_id: Some(Arc::from(app)),
+        priority: Default::default(),
+        ramp: None,
+        starved_ms: None,
+        finish_by_ms: None,
+        zones: Vec::new(),
     }
 }
 

@@ -410,6 +410,22 @@ async fn the_dashboard_sets_weight_cancels_and_opens_a_campaign_page_in_chromium
         &format!("document.querySelectorAll('#campaigns tbody tr').length === 2 && !!$('{row}')"),
     )
     .await;
+    // A class other than normal (once the worker has made the row): a badge by its id
+    // in the overview and on its page.
+    let r = api
+        .put(&format!("/api/campaigns/{id}"), r#"{"priority": "high"}"#)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    page.wait_until(
+        "the class badge in the row, none for a normal campaign",
+        Duration::from_secs(10),
+        &format!(
+            "$('{row} td.id .badge.class-high')?.textContent === 'high' \
+             && [...document.querySelectorAll('#campaigns td.id .badge')] \
+             .filter((b) => !b.hidden).length === 1"
+        ),
+    )
+    .await;
     check_summary(&mut page, api).await;
     set_weight(&mut page, api, &id, &row).await;
     cancel(&mut page, api, &id, &row).await;
@@ -426,6 +442,15 @@ async fn the_dashboard_sets_weight_cancels_and_opens_a_campaign_page_in_chromium
     )
     .await;
     check_page_contents(&mut page, api, &id).await;
+    page.wait_until(
+        "the class badge and the policy facts on the page",
+        Duration::from_secs(10),
+        "!$('#cp-class').hidden && $('#cp-class').textContent === 'high' \
+         && $('#cp-class').classList.contains('class-high') \
+         && $('#cp-policy [data-k=ramp]').textContent !== '–' \
+         && $('#cp-policy [data-k=finish_by]').textContent.startsWith('none') && $('#cp-behind').hidden",
+    )
+    .await;
     let drawn = check_chart(&mut page, api, &id).await;
     let shot = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/browser/campaign.png");
     page.screenshot(&shot).await;

@@ -147,6 +147,7 @@ async fn a_job_creates_its_campaign_and_stored_values_win_afterwards() {
             weight: None,
             start_at: None,
             expires_at: None,
+            ..Default::default()
         },
         &defaults,
     )

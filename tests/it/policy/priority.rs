@@ -1,0 +1,93 @@
+//! Priority classes under a saturated shared cap.
+
+use super::*;
+use pushpace::job::PriorityClass;
+
+/// The cap, the bulk campaigns' number and the critical campaign's rate.
+const CAP: f64 = 1_000.0;
+const BULK: usize = 10;
+const CRITICAL_RATE: f64 = 300.0;
+/// Pacing held within this fraction, as the global-cap test holds its shares; the bulk
+/// campaigns share what critical leaves less the 1% headroom a lower class leaves
+/// (`LOWER_CLASS_HEADROOM`), so their expected share is computed with it.
+const SHARE_TOLERANCE: f64 = 0.05;
+/// A 1-s window may pass the cap by the GCRA tolerance of one quantum's sends and the
+/// second-edge rounding: 2% plus one send, as the global-cap test bounds it.
+const CAP_TOLERANCE: f64 = 0.02;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_a_critical_campaign_behind_ten_bulk_ones_gets_its_rate_within_a_second() {
+    let _serial = pacing_lock().await;
+    let mut tw = TestWorker::options()
+        .partitions(4)
+        .settings(&[("limiter.global_rate", CAP.to_string())])
+        .prepare()
+        .await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
+    let bulk: Vec<String> = (0..BULK).map(|i| name(&format!("bulk{i}"))).collect();
+    let critical = name("critical");
+    let class = |c: PriorityClass| CampaignPatch {
+        priority: Some(c),
+        ..Default::default()
+    };
+    for b in &bulk {
+        store(&pool, b, class(PriorityClass::Bulk)).await;
+        produce_jobs(&topic, &jobs(b, CAP, 2, 2_000), None).await;
+    }
+    store(&pool, &critical, class(PriorityClass::Critical)).await;
+    tw.start().await;
+    // The bulk campaigns fill the cap for a while before the critical one arrives.
+    wait_for("the bulk campaigns sending", GROUP_JOIN_LIMIT, || {
+        bulk.iter()
+            .all(|b| sink.campaign(b).is_some_and(|s| s.delivered >= 200))
+    })
+    .await;
+    produce_jobs(&topic, &jobs(&critical, CRITICAL_RATE, 1, 2_000), None).await;
+    wait_for(
+        "the critical campaign sending",
+        Duration::from_secs(30),
+        || {
+            sink.campaign(&critical)
+                .is_some_and(|s| s.delivered >= 1_500)
+        },
+    )
+    .await;
+    tw.stop().await;
+    let arrivals = sink.arrivals();
+    let crit = released(&arrivals, &critical);
+    let first = crit[0];
+    // From a second after its first send, for 3 s.
+    let (from, to) = (
+        first + Duration::from_secs(1),
+        first + Duration::from_secs(4),
+    );
+    let rate = |times: &[Duration]| count_in(times, from, to) as f64 / 3.0;
+    let crit_rate = rate(&crit);
+    assert!(
+        (crit_rate - CRITICAL_RATE).abs() <= CRITICAL_RATE * SHARE_TOLERANCE,
+        "critical sent {crit_rate}/s, its send_rate is {CRITICAL_RATE}/s"
+    );
+    let expected = (CAP - CRITICAL_RATE) * 0.99 / BULK as f64;
+    let bulk_rates: Vec<f64> = bulk.iter().map(|b| rate(&released(&arrivals, b))).collect();
+    assert!(
+        bulk_rates
+            .iter()
+            .all(|r| (r - expected).abs() <= expected * SHARE_TOLERANCE),
+        "bulk rates {bulk_rates:?}/s, each expected {expected}/s ± 5%"
+    );
+    // No second over the cap, from two seconds before the critical one came to the end.
+    let all: Vec<Duration> = {
+        let mut v: Vec<Duration> = arrivals.iter().filter_map(|a| a.released).collect();
+        v.sort();
+        v
+    };
+    let mut at = first.saturating_sub(Duration::from_secs(2));
+    while at + Duration::from_secs(1) <= to {
+        let n = count_in(&all, at, at + Duration::from_secs(1)) as f64;
+        assert!(
+            n <= CAP * (1.0 + CAP_TOLERANCE) + 1.0,
+            "{n} sends in the second from {at:?} (first critical at {first:?}), cap {CAP}"
+        );
+        at += Duration::from_millis(100);
+    }
+}

@@ -1,0 +1,151 @@
+//! Recipients' local-time windows through the real worker, on the real clock: the zone
+//! is chosen so that it is about 14:00 there now. (The DST change and the day's
+//! openings are on the virtual clock: src/worker/scheduler/window_tests.rs.)
+
+use super::*;
+use crate::harness::{Producer, Record};
+use chrono::{Timelike, Utc};
+use pushpace::job::window::Zone;
+use pushpace::job::window::{LatePolicy, SendWindow, ALL_DAYS};
+
+/// A UTC offset where it is between 14:00 and 15:00 now, as `±HH:00`.
+fn afternoon_zone() -> String {
+    let mut off = 14 - Utc::now().hour() as i32;
+    if off > 12 {
+        off -= 24;
+    } else if off < -12 {
+        off += 24;
+    }
+    format!("{}{:02}:00", if off < 0 { '-' } else { '+' }, off.abs())
+}
+
+fn window(from_h: u16, to_h: u16) -> Option<Option<SendWindow>> {
+    Some(Some(
+        SendWindow::new(from_h * 60, to_h * 60, ALL_DAYS).expect("a window"),
+    ))
+}
+
+fn zoned(list: Vec<Job>, zone: &str) -> Vec<Job> {
+    let z = Zone::parse(zone).expect("zone");
+    list.into_iter().map(|j| j.with_zone(Some(z))).collect()
+}
+
+async fn sum_expired(pool: &PgPool, campaign: &str) -> i64 {
+    sqlx::query_scalar::<_, Option<i64>>(
+        "SELECT sum(expired)::bigint FROM delivery_seconds WHERE campaign_id = $1",
+    )
+    .bind(campaign)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+    .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_wait_parked_for_their_zones_window_and_a_passed_time_is_skipped() {
+    let mut tw = TestWorker::options().partitions(2).prepare().await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
+    let zone = afternoon_zone();
+    let (open, closed, skip) = (name("open"), name("closed"), name("skip"));
+    store(
+        &pool,
+        &open,
+        CampaignPatch {
+            send_window: window(9, 21),
+            ..Default::default()
+        },
+    )
+    .await;
+    // 02:00–03:00 has passed today there: it waits for tomorrow's.
+    store(
+        &pool,
+        &closed,
+        CampaignPatch {
+            send_window: window(2, 3),
+            ..Default::default()
+        },
+    )
+    .await;
+    store(
+        &pool,
+        &skip,
+        CampaignPatch {
+            deliver_at_local: Some(Some(10 * 60)),
+            late_policy: Some(LatePolicy::Skip),
+            ..Default::default()
+        },
+    )
+    .await;
+    produce_jobs(&topic, &zoned(jobs(&open, 1_000.0, 2, 100), &zone), None).await;
+    // 10/s: the lookahead (10 s) holds two of these jobs; the rest are parked.
+    produce_jobs(&topic, &zoned(jobs(&closed, 10.0, 40, 50), &zone), Some(0)).await;
+    produce_jobs(&topic, &zoned(jobs(&skip, 1_000.0, 3, 20), &zone), None).await;
+    let bad = format!(
+        r#"{{"job_id":"bad-tz","campaign_id":"{open}","devices":["x"],"payload":{{}},"tz":"Mars/Olympus"}}"#
+    );
+    Producer::new()
+        .send(&topic, Record::of(bad.as_bytes()))
+        .await;
+    tw.start().await;
+    let worker = tw.take_worker();
+    wait_for("the open zone's jobs sent", GROUP_JOIN_LIMIT, || {
+        sink.campaign(&open)
+            .is_some_and(|s| s.distinct_delivered == 200)
+    })
+    .await;
+    // The skipped jobs' letters and counts are durable within a flush or two.
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let letters = loop {
+        let all = pushpace::store::dead_letters::list(&pool, None, None, 100)
+            .await
+            .unwrap();
+        if all.len() >= 4 || std::time::Instant::now() > end {
+            break all;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stats = worker.consumer_stats.borrow().clone();
+    worker.shutdown().await.unwrap();
+    assert!(
+        sink.campaign(&skip).is_none(),
+        "nothing of the skipped campaign sent"
+    );
+    assert!(
+        sink.campaign(&closed).is_none(),
+        "nothing outside the window sent"
+    );
+    let skipped: Vec<_> = letters
+        .iter()
+        .filter(|l| l.campaign_id.as_deref() == Some(skip.as_str()))
+        .collect();
+    assert_eq!(skipped.len(), 3, "one letter per skipped job: {letters:#?}");
+    for l in &skipped {
+        assert_eq!(l.kind.as_str(), "expired", "{l:?}");
+        assert!(
+            l.reason.contains("20 of 20 devices")
+                && l.reason.contains("deliver_at_local 10:00")
+                && l.reason.contains("late_policy is skip"),
+            "{}",
+            l.reason
+        );
+    }
+    assert_eq!(
+        sum_expired(&pool, &skip).await,
+        60,
+        "the skipped devices count expired"
+    );
+    let bad_tz: Vec<_> = letters
+        .iter()
+        .filter(|l| l.kind.as_str() == "invalid_job")
+        .collect();
+    assert_eq!(bad_tz.len(), 1, "{letters:#?}");
+    assert!(bad_tz[0].reason.contains("tz"), "{}", bad_tz[0].reason);
+    // The waiting campaign's jobs are parked upstream, not held: memory stays small.
+    assert!(
+        stats.parked_jobs >= 35 && stats.buffered_jobs <= 3,
+        "parked {} jobs, buffered {} ({stats:?})",
+        stats.parked_jobs,
+        stats.buffered_jobs
+    );
+}
