@@ -138,8 +138,9 @@ pub enum CampaignCommand {
     /// limiter.ramp_up_s and limiter.ramp_from.
     SetRamp(RampArgs),
     /// Sets the local hours a campaign sends in (--from 09:00 --to 21:00 [--days
-    /// mon,tue,…]), a local delivery time (--deliver-at 10:00), and what to do with a send
-    /// that comes too late (--late send_now|next_window|skip); --clear removes the window.
+    /// mon,tue,…]), a local delivery time (--deliver-at 10:00), and what to do with a job
+    /// whose local time has passed (--late send_now|next_window|skip); --clear removes
+    /// the window.
     SetWindow(WindowArgs),
     /// Cancels a campaign for good: the rest of it, and any job for it that comes later,
     /// is counted cancelled and never sent. Asks first unless --yes.

@@ -66,7 +66,8 @@ pub struct WindowArgs {
     /// Deliver at this local time, HH:MM, in each device's time zone (`none` clears it).
     #[arg(long = "deliver-at", value_name = "HH:MM", conflicts_with = "clear")]
     pub deliver_at: Option<String>,
-    /// What to do with a send that comes after its window (or deliver-at time) closed.
+    /// What to do with a job whose local time has already passed in its zone today:
+    /// send it now, wait for the next window (the API's default), or skip it.
     #[arg(
         long,
         value_name = "POLICY",
