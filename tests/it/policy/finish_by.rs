@@ -85,10 +85,10 @@ async fn paced_a_cap_that_halves_the_rate_midway_shows_behind_and_the_projected_
     let _serial = pacing_lock().await;
     let mut tw = TestWorker::options().partitions(2).api().prepare().await;
     let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
-    let api = tw.take_api();
     let warm = name("warm");
     produce_jobs(&topic, &jobs(&warm, 1_000.0, 1, 10), None).await;
     tw.start().await;
+    let api = tw.take_api();
     wait_for("the worker sending", GROUP_JOIN_LIMIT, || {
         sink.campaign(&warm).is_some_and(|s| s.delivered == 10)
     })

@@ -7,6 +7,7 @@ mod dead_letters;
 mod delivery;
 mod flusher;
 mod outages;
+mod policy;
 mod tls;
 
 use pushpace::limiter::Rate;

@@ -78,7 +78,9 @@ async fn the_policy_round_trips_keeps_clears_and_reaches_the_settings() {
         finish_by: Some(Some(by)),
         ..Default::default()
     };
-    let c = campaigns::put(&pool, "capped", &both, &defaults).await.unwrap();
+    let c = campaigns::put(&pool, "capped", &both, &defaults)
+        .await
+        .unwrap();
     assert_eq!(c.send_rate, 250.0);
     let job = campaigns::upsert_from_job(&pool, "from-job", None, None, &defaults)
         .await
@@ -118,9 +120,15 @@ async fn policy_changes_are_recorded_as_events() {
     let (pool, _) = fresh_database().await;
     let defaults = CampaignDefaults::default();
     let by = deadline();
-    campaigns::put_by(&pool, "e", &CampaignPatch::default(), &defaults, Some("ops"))
-        .await
-        .unwrap();
+    campaigns::put_by(
+        &pool,
+        "e",
+        &CampaignPatch::default(),
+        &defaults,
+        Some("ops"),
+    )
+    .await
+    .unwrap();
     let set = CampaignPatch {
         priority: Some(PriorityClass::High),
         ramp_up_s: Some(Some(120.0)),
@@ -159,15 +167,25 @@ async fn policy_changes_are_recorded_as_events() {
     let s = |v: &str| Some(v.to_string());
     assert_eq!(
         of("priority"),
-        [("ops".into(), None, s("normal")), ("ops".into(), s("normal"), s("high"))],
+        [
+            ("ops".into(), None, s("normal")),
+            ("ops".into(), s("normal"), s("high"))
+        ],
         "{got:?}"
     );
     assert_eq!(
         of("ramp_up_s"),
-        [("ops".into(), None, s("120")), ("cli".into(), s("120"), None)],
+        [
+            ("ops".into(), None, s("120")),
+            ("cli".into(), s("120"), None)
+        ],
         "{got:?}"
     );
-    assert_eq!(of("ramp_from"), [("ops".into(), None, s("0.05"))], "{got:?}");
+    assert_eq!(
+        of("ramp_from"),
+        [("ops".into(), None, s("0.05"))],
+        "{got:?}"
+    );
     assert_eq!(
         of("finish_by"),
         [
@@ -261,6 +279,76 @@ async fn the_schema_refuses_bad_policy_values_naming_the_field() {
         ramp_from: Some(Some(0.01)),
         ..Default::default()
     };
-    let c = campaigns::put(&pool, "edges", &edges, &defaults).await.unwrap();
+    let c = campaigns::put(&pool, "edges", &edges, &defaults)
+        .await
+        .unwrap();
     assert_eq!((c.ramp_up_s, c.ramp_from), (Some(86_400.0), Some(0.01)));
+}
+
+#[tokio::test]
+async fn local_time_rules_round_trip_are_checked_together_and_recorded() {
+    use pushpace::job::window::{LatePolicy, SendWindow};
+    let (pool, _) = fresh_database().await;
+    let defaults = CampaignDefaults::default();
+    let weekdays = 0b001_1111;
+    let window = SendWindow::new(9 * 60, 21 * 60, weekdays).unwrap();
+    let set = CampaignPatch {
+        send_window: Some(Some(window)),
+        deliver_at_local: Some(Some(10 * 60)),
+        late_policy: Some(LatePolicy::Skip),
+        ..Default::default()
+    };
+    let c = campaigns::put_by(&pool, "w", &set, &defaults, Some("ops"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (c.local.window, c.local.deliver_at_local, c.local.late),
+        (Some(window), Some(600), LatePolicy::Skip)
+    );
+    assert_eq!(campaigns::get(&pool, "w").await.unwrap(), Some(c.clone()));
+    let s = pushpace::worker::to_settings(&c, &defaults);
+    assert_eq!(s.local, c.local);
+    // A deliver time outside the stored window is refused, naming it; nothing changes.
+    let outside = CampaignPatch {
+        deliver_at_local: Some(Some(22 * 60)),
+        ..Default::default()
+    };
+    match campaigns::put(&pool, "w", &outside, &defaults).await {
+        Err(StoreError::Invalid { field, reason }) => {
+            assert_eq!(field, "deliver_at_local", "{reason}");
+            assert!(reason.contains("inside send_window"), "{reason}");
+        }
+        other => panic!("expected a refusal naming deliver_at_local, got {other:?}"),
+    }
+    assert_eq!(campaigns::get(&pool, "w").await.unwrap(), Some(c));
+    // null clears the window and the deliver time; the late policy is kept.
+    let clear = CampaignPatch {
+        send_window: Some(None),
+        deliver_at_local: Some(None),
+        ..Default::default()
+    };
+    let c = campaigns::put_by(&pool, "w", &clear, &defaults, Some("cli"))
+        .await
+        .unwrap();
+    assert!(
+        c.local.is_empty() && c.local.late == LatePolicy::Skip,
+        "{c:?}"
+    );
+    let fields: Vec<(String, Option<String>)> = events::list(&pool, "w", events::MAX_EVENTS)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.field, e.new))
+        .collect();
+    for field in ["send_window", "deliver_at_local", "late_policy"] {
+        assert!(
+            fields.iter().filter(|(f, _)| f == field).count() >= 1,
+            "{field} recorded: {fields:?}"
+        );
+    }
+    assert!(
+        fields.contains(&("deliver_at_local".into(), Some("10:00".into()))),
+        "{fields:?}"
+    );
+    assert!(fields.contains(&("send_window".into(), None)), "{fields:?}");
 }
