@@ -17,6 +17,7 @@
 pub mod ceiling;
 pub mod pacing;
 pub mod policy;
+mod policy_render;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

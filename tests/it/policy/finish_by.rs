@@ -28,12 +28,17 @@ const PLAN_TOLERANCE: f64 = 0.03;
 /// "Within 2 s of its deadline" (the bound): the plan aims 1 s early.
 const DEADLINE_SLACK: chrono::Duration = chrono::Duration::seconds(2);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paced_120000_devices_due_in_60_s_run_at_about_2000_per_s_and_finish_on_time() {
-    let _serial = pacing_lock().await;
-    let mut tw = TestWorker::options().partitions(2).prepare().await;
+/// Starts the worker on a warm-up campaign (so that the deadline does not count the
+/// group join), then stores `campaign` due in `secs` and produces `n` jobs of
+/// `devices` for it; returns the deadline.
+async fn due_in(
+    tw: &mut TestWorker,
+    campaign: &str,
+    secs: i64,
+    n: usize,
+    devices: usize,
+) -> DateTime<Utc> {
     let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
-    // A warm-up campaign first, so that the deadline does not count the group join.
     let warm = name("warm");
     produce_jobs(&topic, &jobs(&warm, 1_000.0, 1, 10), None).await;
     tw.start().await;
@@ -41,18 +46,23 @@ async fn paced_120000_devices_due_in_60_s_run_at_about_2000_per_s_and_finish_on_
         sink.campaign(&warm).is_some_and(|s| s.delivered == 10)
     })
     .await;
+    let deadline = Utc::now() + chrono::Duration::seconds(secs);
+    let patch = CampaignPatch {
+        finish_by: Some(Some(deadline)),
+        ..Default::default()
+    };
+    store(&pool, campaign, patch).await;
+    produce_jobs(&topic, &sized_jobs(campaign, n, devices), None).await;
+    deadline
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_120000_devices_due_in_60_s_run_at_about_2000_per_s_and_finish_on_time() {
+    let _serial = pacing_lock().await;
+    let mut tw = TestWorker::options().partitions(2).prepare().await;
+    let sink = tw.sink();
     let campaign = name("due");
-    let deadline = Utc::now() + chrono::Duration::seconds(60);
-    store(
-        &pool,
-        &campaign,
-        CampaignPatch {
-            finish_by: Some(Some(deadline)),
-            ..Default::default()
-        },
-    )
-    .await;
-    produce_jobs(&topic, &sized_jobs(&campaign, 12, 10_000), None).await;
+    let deadline = due_in(&mut tw, &campaign, 60, 12, 10_000).await;
     wait_for("every device sent", Duration::from_secs(75), || {
         sink.campaign(&campaign)
             .is_some_and(|s| s.distinct_delivered == 120_000)
@@ -84,27 +94,10 @@ async fn paced_120000_devices_due_in_60_s_run_at_about_2000_per_s_and_finish_on_
 async fn paced_a_cap_that_halves_the_rate_midway_shows_behind_and_the_projected_finish() {
     let _serial = pacing_lock().await;
     let mut tw = TestWorker::options().partitions(2).api().prepare().await;
-    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
-    let warm = name("warm");
-    produce_jobs(&topic, &jobs(&warm, 1_000.0, 1, 10), None).await;
-    tw.start().await;
-    let api = tw.take_api();
-    wait_for("the worker sending", GROUP_JOIN_LIMIT, || {
-        sink.campaign(&warm).is_some_and(|s| s.delivered == 10)
-    })
-    .await;
+    let sink = tw.sink();
     let campaign = name("halved");
-    let deadline = Utc::now() + chrono::Duration::seconds(30);
-    store(
-        &pool,
-        &campaign,
-        CampaignPatch {
-            finish_by: Some(Some(deadline)),
-            ..Default::default()
-        },
-    )
-    .await;
-    produce_jobs(&topic, &sized_jobs(&campaign, 3, 10_000), None).await;
+    let deadline = due_in(&mut tw, &campaign, 30, 3, 10_000).await;
+    let api = tw.take_api();
     wait_for("a third sent", Duration::from_secs(30), || {
         sink.campaign(&campaign)
             .is_some_and(|s| s.delivered >= 10_000)
