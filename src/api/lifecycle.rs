@@ -161,6 +161,9 @@ pub struct PolicyView {
     /// ahead, else from now; null when the ETA is (nothing known to remain, or it does
     /// not send).
     pub projected_finish: Option<DateTime<Utc>>,
+    /// With a `finish_by`: what the plan of what remains rests on, as the ETA's does:
+    /// `total` (the jobs' `campaign_total_devices`) or `known` (what the workers hold).
+    pub plan_basis: Option<&'static str>,
     /// `send_window`, `deliver_at_local` (when set) and `late_policy`.
     #[serde(flatten)]
     pub local: crate::job::window::LocalPolicy,
@@ -178,6 +181,9 @@ pub fn policy(c: &Campaign, p: &Progress, eta: &Eta, now: DateTime<Utc>) -> Poli
         DateTime::from_timestamp_millis(begin.timestamp_millis().saturating_add(ms))
     });
     let over = matches!(c.status, CampaignStatus::Done | CampaignStatus::Cancelled);
+    let plan_basis = c
+        .finish_by
+        .map(|_| remaining(p.finished, p.known_remaining, p.total).1);
     let behind = c.finish_by.is_some_and(|fb| {
         let left_s = (fb - begin).num_milliseconds() as f64 / 1000.0;
         let late = eta.seconds.is_some_and(|s| s > left_s + BEHIND_SLACK_S);
@@ -192,6 +198,7 @@ pub fn policy(c: &Campaign, p: &Progress, eta: &Eta, now: DateTime<Utc>) -> Poli
         finish_by: c.finish_by,
         behind,
         projected_finish,
+        plan_basis,
         local: c.local,
     }
 }
@@ -315,16 +322,17 @@ mod tests {
             let (p, eta) = progress(s, w);
             policy(&s.campaign, &p, &eta, now)
         };
-        // No deadline: never behind, and the projection is now + the ETA.
+        // No deadline: never behind, no plan, and the projection is now + the ETA.
         let v = at(&s, w(1_000, 100.0));
-        assert!(!v.behind);
+        assert!(!v.behind && v.plan_basis.is_none());
         assert_eq!(
             v.projected_finish.map(|t| t.timestamp_millis()),
             Some(now.timestamp_millis() + 10_000)
         );
         // 10 s of work, 60 s left: on time; 20 s left at half the rate: behind.
         s.campaign.finish_by = Some(now + Duration::seconds(60));
-        assert!(!at(&s, w(1_000, 100.0)).behind);
+        let v = at(&s, w(1_000, 100.0));
+        assert!(!v.behind && v.plan_basis == Some("known"), "{v:?}");
         s.campaign.finish_by = Some(now + Duration::seconds(15));
         assert!(at(&s, w(1_000, 50.0)).behind);
         // Within the slack of the deadline: on time.

@@ -332,3 +332,39 @@ fn jobs_carry_their_class_priority_until_the_class_changes() {
     );
     assert_eq!(job.push_priority(), Some(Priority::Normal));
 }
+
+#[test]
+fn after_a_ceiling_lifts_the_rate_climbs_from_where_it_was_held() {
+    let policy = PolicyDefaults {
+        ramp_up_s: 30.0,
+        ..PolicyDefaults::default()
+    };
+    let mut s = scheduler(None, policy);
+    add(
+        &mut s,
+        &settings("r", 1000.0, PriorityClass::Normal),
+        6,
+        START,
+    );
+    // Past its first ramp, at its full rate.
+    let t = START + 35 * SEC;
+    drive(&mut s, START, t, SEC);
+    // An adaptive ceiling held it at 200/s, then lifts (the lanes call this then).
+    let slot = *s.by_id.get("r").expect("held");
+    s.set_effective_rate(slot, Some(Rate::per_second(200.0).unwrap()), t);
+    s.ramp_after_lift(0, t);
+    let sent = drive(&mut s, t, t + 30 * SEC, SEC)["r"].clone();
+    // From 0.2 on the curve's k = 10^(1/30): about 21 s to the full rate, each second
+    // about k times the one before, never a jump.
+    assert!((200..=215).contains(&sent[0]), "{sent:?}");
+    for w in sent.windows(2).take(20) {
+        assert!(
+            w[1] as f64 <= w[0] as f64 * 1.1 + 1.0,
+            "a step over 1.1x: {sent:?}"
+        );
+    }
+    assert!((999..=1001).contains(&sent[25]), "{sent:?}");
+    let live = s.stats();
+    assert_eq!(live.campaigns[0].effective_rate, 1000.0);
+    assert_eq!(live.campaigns[0].ramp, None);
+}

@@ -121,6 +121,8 @@ async fn paced_a_cap_that_halves_the_rate_midway_shows_behind_and_the_projected_
     api.app.stop().await.expect("server stops");
     let policy = &view["policy"];
     assert_eq!(policy["behind"], true, "{view:#}");
+    // Its jobs state campaign_total_devices: the plan counts from the total.
+    assert_eq!(policy["plan_basis"], "total", "{view:#}");
     let projected: DateTime<Utc> = policy["projected_finish"]
         .as_str()
         .and_then(|t| t.parse().ok())
