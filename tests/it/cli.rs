@@ -285,9 +285,12 @@ fn the_embedded_demo_at_100_campaigns_loses_nothing() {
 /// The demo's showcase at a size the machine sends in full: 7 campaigns (3,240/s), the
 /// second and sixth (100/s each) on a provider capped at 100/s with weights 1 and 3, the
 /// last one scheduled 30 s in. The 100-campaign demo asks 65,500/s, more than a debug
-/// build on 2 shared cores sends, so there the cap need not bind.
+/// build on 2 shared cores sends, so there the cap need not bind. A paced test (run
+/// alone): the pair's rate is counted at the sink per second of arrival, and among
+/// four parallel tests it came out at 96.4/s once (98.9-99.2/s alone, as before this
+/// change).
 #[test]
-fn the_demo_shows_a_weighted_pair_under_its_cap_and_a_scheduled_start() {
+fn paced_the_demo_shows_a_weighted_pair_under_its_cap_and_a_scheduled_start() {
     let db = format!("{}/{}", pg_server(), unique_name("pushpace_demo_7"));
     let (ok, out, err) = run(pushpace_bin()
         .args(["demo", "--duration", "20", "--campaigns", "7"])

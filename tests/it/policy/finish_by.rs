@@ -79,11 +79,19 @@ async fn paced_120000_devices_due_in_60_s_run_at_about_2000_per_s_and_finish_on_
     );
     let rate = count_in(&times, from, to) as f64 / 40.0;
     let planned = 120_000.0 / 59.0;
+    eprintln!(
+        "{rate}/s in seconds 5-45; last device {:?} after the first, deadline {deadline}",
+        last - first
+    );
     assert!(
         (rate - planned).abs() <= planned * PLAN_TOLERANCE,
         "sent {rate}/s in the middle of the run; 120,000 devices in the 59 s aimed at is {planned}/s"
     );
     let ended = wall(&arrivals, last);
+    eprintln!(
+        "last device at {ended}, {} from the deadline",
+        ended - deadline
+    );
     assert!(
         (ended - deadline).abs() <= DEADLINE_SLACK,
         "the last device went at {ended}, the deadline is {deadline}"

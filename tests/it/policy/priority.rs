@@ -1,7 +1,15 @@
-//! Priority classes under a saturated shared cap.
+//! Priority classes under a saturated shared cap: a provider's `max_rate`, and the
+//! global cap.
 
 use super::*;
+use crate::harness::TestWorkerOptions;
 use pushpace::job::PriorityClass;
+use pushpace::limiter::Rate;
+use pushpace::provider::{Provider, ProviderKind, Providers};
+use pushpace::sender::AnySender;
+use pushpace::sender::{HttpSender, HttpSenderConfig};
+use pushpace::tools::sink::{Sink, SinkConfig, SinkHandle};
+use std::sync::Arc;
 
 /// The cap, the bulk campaigns' number and the critical campaign's rate.
 const CAP: f64 = 1_000.0;
@@ -13,15 +21,56 @@ const SHARE_TOLERANCE: f64 = 0.05;
 /// second-edge rounding: 2% plus one send, as the global-cap test bounds it.
 const CAP_TOLERANCE: f64 = 0.02;
 
+/// Where the 1,000/s cap is.
+enum Cap {
+    /// The one provider's `max_rate`: the gate every turn through it passes.
+    Provider,
+    /// `limiter.global_rate`: over the campaigns' own limiters.
+    Global,
+}
+
+/// The worker's options for `cap`, and the sink it sends to.
+async fn options(cap: Cap) -> (TestWorkerOptions, Option<Arc<SinkHandle>>) {
+    match cap {
+        Cap::Global => (
+            TestWorker::options().settings(&[("limiter.global_rate", CAP.to_string())]),
+            None,
+        ),
+        Cap::Provider => {
+            let sink = Arc::new(Sink::start(SinkConfig::default()).await.expect("a sink"));
+            let sender = HttpSender::new(&HttpSenderConfig::new(sink.url())).expect("sender");
+            let provider = Provider {
+                name: Arc::from("capped"),
+                kind: ProviderKind::Webhook,
+                max_rate: Some(Rate::per_second(CAP).unwrap()),
+                max_in_flight: None,
+                adaptive: None,
+                sender: AnySender::Http(sender),
+            };
+            let providers = Providers::new(vec![provider], "capped").expect("providers");
+            (TestWorker::options().providers(providers), Some(sink))
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paced_a_critical_campaign_behind_ten_bulk_ones_gets_its_rate_within_a_second() {
+async fn paced_a_critical_campaign_behind_ten_bulk_ones_under_a_provider_cap() {
+    critical_behind_bulk(Cap::Provider).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_a_critical_campaign_behind_ten_bulk_ones_under_the_global_cap() {
+    critical_behind_bulk(Cap::Global).await;
+}
+
+/// Ten bulk campaigns fill the cap; a critical one arrives and gets its full rate
+/// within a second; the bulk ones share what is left; no second passes the cap.
+async fn critical_behind_bulk(cap: Cap) {
     let _serial = pacing_lock().await;
-    let mut tw = TestWorker::options()
-        .partitions(4)
-        .settings(&[("limiter.global_rate", CAP.to_string())])
-        .prepare()
-        .await;
-    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
+    let (options, own_sink) = options(cap).await;
+    let mut tw = options.partitions(4).prepare().await;
+    let sink = own_sink.unwrap_or_else(|| tw.sink());
+    let (pool, topic) = (tw.pool.clone(), tw.topic.clone());
     let bulk: Vec<String> = (0..BULK).map(|i| name(&format!("bulk{i}"))).collect();
     let critical = name("critical");
     // The stored settings win over the jobs': the rate is stored with the class.
