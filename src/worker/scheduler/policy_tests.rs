@@ -182,19 +182,22 @@ fn curve(rate: f64, from: f64, secs: f64, a: f64, b: f64) -> f64 {
         * rate
 }
 
-#[test]
-fn a_ramp_follows_its_curve_each_second_and_each_100_ms() {
+/// A scheduler whose campaigns ramp over 30 s (from `limiter.ramp_from`'s 0.1), with
+/// campaign "r" at 1,000/s holding `jobs` jobs taken at the start.
+fn ramping(jobs: usize) -> (Scheduler, CampaignSettings) {
     let policy = PolicyDefaults {
         ramp_up_s: 30.0,
         ..PolicyDefaults::default()
     };
     let mut s = scheduler(None, policy);
-    add(
-        &mut s,
-        &settings("r", 1000.0, PriorityClass::Normal),
-        4,
-        START,
-    );
+    let set = settings("r", 1000.0, PriorityClass::Normal);
+    add(&mut s, &set, jobs, START);
+    (s, set)
+}
+
+#[test]
+fn a_ramp_follows_its_curve_each_second_and_each_100_ms() {
+    let (mut s, _) = ramping(4);
     let per = drive(&mut s, START, START + 34 * SEC, 100 * MS);
     let buckets = &per["r"];
     // Per second, from 100/s up: within ±2% of the curve's integral (and 1 send).
@@ -240,13 +243,7 @@ fn a_ramp_follows_its_curve_each_second_and_each_100_ms() {
 
 #[test]
 fn a_ramp_starts_again_after_a_pause() {
-    let policy = PolicyDefaults {
-        ramp_up_s: 30.0,
-        ..PolicyDefaults::default()
-    };
-    let mut s = scheduler(None, policy);
-    let set = settings("r", 1000.0, PriorityClass::Normal);
-    add(&mut s, &set, 5, START);
+    let (mut s, set) = ramping(5);
     drive(&mut s, START, START + 31 * SEC, SEC);
     let t = START + 31 * SEC;
     s.apply_settings(
@@ -335,17 +332,7 @@ fn jobs_carry_their_class_priority_until_the_class_changes() {
 
 #[test]
 fn after_a_ceiling_lifts_the_rate_climbs_from_where_it_was_held() {
-    let policy = PolicyDefaults {
-        ramp_up_s: 30.0,
-        ..PolicyDefaults::default()
-    };
-    let mut s = scheduler(None, policy);
-    add(
-        &mut s,
-        &settings("r", 1000.0, PriorityClass::Normal),
-        6,
-        START,
-    );
+    let (mut s, _) = ramping(6);
     // Past its first ramp, at its full rate.
     let t = START + 35 * SEC;
     drive(&mut s, START, t, SEC);
