@@ -7,7 +7,7 @@
 //!   `stats_flushes_total`, `stats_flush_statements_total`;
 //! - [`sample`] (run by [`spawn_sampler`] and at every scrape), from the worker's
 //!   snapshots: `delivered_total`, `active_campaigns`, `buffered_jobs`, `buffered_devices`,
-//!   `parked_jobs`, `parked_rereads_total`, `paused_partitions`, `halted_campaigns`,
+//!   `parked_jobs`, `window_jobs`, `parked_rereads_total`, `paused_partitions`, `halted_campaigns`,
 //!   `class_starved_seconds{class}`;
 //! - [`render`], straight from the scheduler's snapshot: `sends_total{campaign,outcome}`
 //!   and `limiter_wait_seconds` (a histogram the scheduler keeps itself: one wait per
@@ -118,6 +118,10 @@ fn describe() {
         "parked_jobs",
         "Jobs left in Kafka behind their campaign's lookahead, to be re-read"
     );
+    describe_gauge!(
+        "window_jobs",
+        "Parked jobs waiting for their recipients' local-time window to open"
+    );
     describe_gauge!("paused_partitions", "Partitions paused by backpressure");
     metrics::describe_counter!(
         "parked_rereads_total",
@@ -173,6 +177,7 @@ fn zero_values() {
         "buffered_jobs",
         "buffered_devices",
         "parked_jobs",
+        "window_jobs",
         "paused_partitions",
         "halted_campaigns",
     ] {
@@ -189,6 +194,7 @@ pub fn sample(scheduler: &SchedulerStats, consumer: &ConsumerStats) {
     metrics::gauge!("buffered_jobs").set(consumer.buffered_jobs as f64);
     metrics::gauge!("buffered_devices").set(consumer.buffered_devices as f64);
     metrics::gauge!("parked_jobs").set(consumer.parked_jobs as f64);
+    metrics::gauge!("window_jobs").set(consumer.window_jobs as f64);
     metrics::counter!("parked_rereads_total").absolute(consumer.parked_rereads);
     metrics::gauge!("paused_partitions").set(consumer.paused_partitions.len() as f64);
     let halted = scheduler

@@ -8,6 +8,7 @@
 //! [`super::decode`] says.
 
 use super::decode::{AlgorithmName, Field, RateNumber};
+use super::window::Zone;
 use super::{check_id, MAX_DEVICES, MAX_MESSAGE_BYTES};
 use crate::limiter::{Algorithm, Rate};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -21,6 +22,8 @@ pub struct Peek {
     pub algorithm: Option<Algorithm>,
     /// Entries in `devices` (1–[`MAX_DEVICES`]); each is checked only by the full decode.
     pub devices: u32,
+    /// The recipients' zone (`tz`), for their campaign's local-time window.
+    pub zone: Option<Zone>,
 }
 
 /// The campaign and size of a job message, or `None` when the full decode should look
@@ -50,6 +53,7 @@ impl<'de> Visitor<'de> for PeekVisitor {
         let mut send_rate: Option<Option<Rate>> = None;
         let mut algorithm: Option<Option<Algorithm>> = None;
         let mut devices: Option<u32> = None;
+        let mut zone: Option<Option<Zone>> = None;
         let refuse = || de::Error::custom("left to the full decode");
         while let Some(field) = map.next_key::<Field>()? {
             match field {
@@ -82,6 +86,16 @@ impl<'de> Visitor<'de> for PeekVisitor {
                         return Err(refuse());
                     }
                 }
+                Field::Tz => {
+                    let v: Option<String> = map.next_value()?;
+                    let z = match v {
+                        Some(s) => Some(Zone::parse(&s).map_err(|_| refuse())?),
+                        None => None,
+                    };
+                    if zone.replace(z).is_some() {
+                        return Err(refuse());
+                    }
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -93,6 +107,7 @@ impl<'de> Visitor<'de> for PeekVisitor {
                 send_rate: send_rate.flatten(),
                 algorithm: algorithm.flatten(),
                 devices,
+                zone: zone.flatten(),
             }),
             _ => None,
         })
@@ -151,9 +166,12 @@ mod tests {
 
     #[test]
     fn agrees_with_the_full_decode_on_what_it_reads() {
-        let text = job(r#","send_rate":12.5,"provider":"fcm","expires_at":4102444800"#);
+        let text =
+            job(r#","send_rate":12.5,"provider":"fcm","expires_at":4102444800,"tz":"Asia/Tokyo""#);
         let full = super::super::decode(text.as_bytes()).unwrap();
         let p = peek(text.as_bytes()).unwrap();
+        assert_eq!(p.zone, full.zone);
+        assert!(p.zone.is_some());
         assert_eq!(p.campaign_id, full.campaign_id);
         assert_eq!(p.send_rate, full.send_rate);
         assert_eq!(p.algorithm, full.algorithm);
@@ -170,6 +188,8 @@ mod tests {
             job(r#","send_rate":-1"#),
             job(r#","send_rate":"fast""#),
             job(r#","algorithm":"bogus""#),
+            job(r#","tz":"Mars/Olympus""#),
+            job(r#","tz":"UTC","tz":"UTC""#),
             job(r#","devices":["x"]"#),
             r#"{"job_id":"j","campaign_id":"bad id!","devices":["a"]}"#.to_string(),
             r#"{"job_id":"j","campaign_id":"c","devices":[]}"#.to_string(),

@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod waiting;
+pub use waiting::WaitingJob;
+
 /// A job left in Kafka, to be re-read by offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobRef {
@@ -147,6 +150,8 @@ pub struct Backlog {
     parked_version: u64,
     /// [`Self::parked_devices`] as of a version: rebuilt only when that changed.
     parked_snapshot: (u64, ParkedDevices),
+    /// Jobs waiting for their zone's local-time window, apart from the lookahead.
+    waiting: waiting::Waiting,
 }
 
 impl Backlog {
@@ -162,6 +167,7 @@ impl Backlog {
             parked_bytes: 0,
             parked_version: 0,
             parked_snapshot: (0, Arc::default()),
+            waiting: waiting::Waiting::default(),
         }
     }
 
@@ -457,6 +463,7 @@ impl Backlog {
     /// Drops every job of revoked partitions: their next owner reads them again.
     pub fn forget_partitions(&mut self, partitions: &[i32]) {
         self.held_at.retain(|(p, _), _| !partitions.contains(p));
+        self.waiting.forget_partitions(partitions);
         for c in self.slots.iter_mut().flatten() {
             c.full_until = None;
             c.held.retain(|h| !partitions.contains(&h.at.partition));
@@ -489,28 +496,35 @@ impl Backlog {
         }
     }
 
+    /// Jobs of `partition` parked, for the lookahead or for a window.
     pub fn parked_in(&self, partition: i32) -> usize {
-        self.parked_per_partition
-            .get(&partition)
-            .copied()
-            .unwrap_or(0)
+        let parked = self.parked_per_partition.get(&partition).copied();
+        parked.unwrap_or(0) + self.waiting.in_partition(partition)
     }
 
     pub fn parked_total(&self) -> usize {
-        self.parked_per_partition.values().sum()
+        self.parked_per_partition.values().sum::<usize>() + self.waiting.total()
+    }
+
+    /// Jobs waiting for their zone's window.
+    pub fn waiting_total(&self) -> usize {
+        self.waiting.total()
     }
 
     /// Devices in each campaign's parked jobs, for campaigns that have some (rebuilt
     /// only after a change: the consumer publishes it every step).
     pub fn parked_devices(&mut self) -> ParkedDevices {
         if self.parked_snapshot.0 != self.parked_version {
-            let list = self
+            let mut by_id: HashMap<Arc<str>, u64> = self
                 .with_parked
                 .iter()
                 .filter_map(|&slot| self.slots[slot as usize].as_ref())
                 .map(|c| (c.id.clone(), c.parked_devices))
                 .collect();
-            self.parked_snapshot = (self.parked_version, Arc::new(list));
+            for (id, n) in self.waiting.devices() {
+                *by_id.entry(id.clone()).or_default() += n;
+            }
+            self.parked_snapshot = (self.parked_version, Arc::new(by_id.into_iter().collect()));
         }
         self.parked_snapshot.1.clone()
     }

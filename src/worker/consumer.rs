@@ -21,6 +21,7 @@
 
 mod parking;
 mod undecodable;
+mod windows;
 
 pub use undecodable::HeldPartition;
 
@@ -53,8 +54,11 @@ use tracing::Instrument;
 pub struct ConsumerStats {
     pub buffered_jobs: usize,
     pub buffered_devices: usize,
-    /// Jobs left in Kafka behind their campaign's lookahead, to be re-read.
+    /// Jobs left in Kafka behind their campaign's lookahead, to be re-read (those
+    /// waiting for a window included).
     pub parked_jobs: usize,
+    /// Parked jobs waiting for their zone's local-time window to open.
+    pub window_jobs: usize,
     pub paused_partitions: Vec<i32>,
     pub jobs_received: u64,
     /// Parked jobs read from Kafka again: their message was not kept in memory.
@@ -85,6 +89,8 @@ pub struct ConsumerParams {
     pub max_parked_bytes: usize,
     /// The scheduler's snapshots: live rates, for the lookahead.
     pub live: tokio::sync::watch::Receiver<SchedulerStats>,
+    /// The campaign watcher's snapshots: local-time rules, for jobs waiting for a window.
+    pub campaigns: tokio::sync::watch::Receiver<crate::store::listen::CampaignSnapshot>,
     pub drain_timeout: Duration,
     pub control: mpsc::Sender<Control>,
     pub events: std::sync::mpsc::Receiver<Event>,
@@ -211,6 +217,7 @@ pub fn spawn(
         refetcher,
         undecodable,
         live: params.live,
+        campaigns: params.campaigns,
         stats: params.stats,
         flush_now: params.flush_now,
         enricher: params.enricher,
@@ -266,6 +273,7 @@ struct Loop {
     refetcher: Refetcher,
     undecodable: undecodable::Undecodable,
     live: tokio::sync::watch::Receiver<SchedulerStats>,
+    campaigns: tokio::sync::watch::Receiver<crate::store::listen::CampaignSnapshot>,
     stats: tokio::sync::watch::Sender<ConsumerStats>,
     flush_now: FlushNow,
     enricher: Enricher,
@@ -310,6 +318,7 @@ impl Loop {
             // each try walks every campaign with parked jobs.
             let unpark_due = now.duration_since(self.unparked_at) >= BOOKKEEPING_EVERY;
             if !pressed && unpark_due {
+                self.release_windows();
                 self.unpark_due();
                 self.unparked_at = now;
             }
@@ -401,6 +410,7 @@ impl Loop {
             st.buffered_jobs = s.load.values().map(|l| l.jobs).sum();
             st.buffered_devices = s.load.values().map(|l| l.devices).sum();
             st.parked_jobs = s.backlog.parked_total();
+            st.window_jobs = s.backlog.waiting_total();
             st.paused_partitions = s
                 .load
                 .iter()
@@ -439,6 +449,9 @@ impl Loop {
         });
         let at = JobRef { partition, offset };
         if let Some(p) = super::message::peek_message(msg) {
+            if self.park_for_window(&p.campaign_id, p.zone, at, p.devices) {
+                return;
+            }
             let settings = self.settings_for(&p.campaign_id, p.send_rate, p.algorithm);
             if self.park_if_behind(msg, &settings, at, p.devices) {
                 return;
@@ -447,8 +460,12 @@ impl Loop {
         let Some(job) = self.decode_or_dead_letter(msg, partition, offset) else {
             return;
         };
+        let devices = job.devices.len() as u32;
+        if self.park_for_window(&job.campaign_id, job.zone, at, devices) {
+            return;
+        }
         let settings = self.campaign_settings(&job);
-        if !self.park_if_behind(msg, &settings, at, job.devices.len() as u32) {
+        if !self.park_if_behind(msg, &settings, at, devices) {
             self.hand_over(job, settings, partition, offset);
         }
     }

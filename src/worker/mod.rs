@@ -190,6 +190,7 @@ impl Worker {
         let (running_tx, consumer_running) = watch::channel(true);
         let ends = ConsumerEnds {
             live: scheduler_stats.clone(),
+            campaigns: stats.watcher.subscribe(),
             control: control.clone(),
             events: events_rx,
             stats: consumer_stats_tx,
@@ -486,6 +487,7 @@ async fn start_enrich_side(
 /// The consumer's ends of the channels to the scheduler and the worker, and its stop.
 struct ConsumerEnds {
     live: watch::Receiver<SchedulerStats>,
+    campaigns: watch::Receiver<crate::store::listen::CampaignSnapshot>,
     control: mpsc::Sender<Control>,
     events: std::sync::mpsc::Receiver<scheduler::Event>,
     stats: watch::Sender<ConsumerStats>,
@@ -512,6 +514,7 @@ fn start_consumer(
         max_parked_jobs: w.max_parked_jobs,
         max_parked_bytes: w.max_parked_bytes,
         live: ends.live,
+        campaigns: ends.campaigns,
         drain_timeout: Duration::from_millis(w.drain_timeout_ms),
         control: ends.control,
         events: ends.events,

@@ -48,7 +48,11 @@ impl Loop {
             let _g = span.enter();
             match fetched {
                 Ok(msg) => {
-                    if let Some(job) = self.decode_or_dead_letter(&msg, at.partition, at.offset) {
+                    let job = self.decode_or_dead_letter(&msg, at.partition, at.offset);
+                    // Its rules may have changed since it was parked: it may wait again.
+                    if let Some(job) = job.filter(|j| {
+                        !self.park_for_window(&j.campaign_id, j.zone, at, j.devices.len() as u32)
+                    }) {
                         let settings = self.campaign_settings(&job);
                         self.hand_over(job, settings, at.partition, at.offset);
                     }

@@ -5,8 +5,10 @@
 //! zone's window opens, goes back there when the window closes with devices left, and
 //! ends (counted `expired`, one letter) when its local time passed under `skip`.
 //!
-//! While a job waits, its campaign's lookahead is covered by it, so the campaign's later
-//! jobs stay parked upstream (raw or as offsets), not decoded in memory.
+//! Most jobs never wait here: the intake parks a job whose window is closed when it is
+//! read (`worker::consumer::windows`), as its offset alone. Here wait the jobs whose
+//! window closed while they were sending, and those read before their campaign's rules
+//! were known; while one waits, it covers its campaign's lookahead.
 
 use super::lifecycle::End;
 use super::*;

@@ -98,11 +98,20 @@ async fn paced_120000_devices_due_in_60_s_run_at_about_2000_per_s_and_finish_on_
     );
 }
 
+/// `limiter.global_rate` in the halving test: room for the plan (30,000 devices in
+/// 29 s, about 1,034/s) until a second campaign shares it.
+const HALVED_CAP: f64 = 1_100.0;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_a_cap_that_halves_the_rate_midway_shows_behind_and_the_projected_finish() {
     let _serial = pacing_lock().await;
-    let mut tw = TestWorker::options().partitions(2).api().prepare().await;
-    let sink = tw.sink();
+    let mut tw = TestWorker::options()
+        .partitions(2)
+        .api()
+        .settings(&[("limiter.global_rate", HALVED_CAP.to_string())])
+        .prepare()
+        .await;
+    let (sink, topic) = (tw.sink(), tw.topic.clone());
     let campaign = name("halved");
     let deadline = due_in(&mut tw, &campaign, 30, 3, 10_000).await;
     let api = tw.take_api();
@@ -111,16 +120,17 @@ async fn paced_a_cap_that_halves_the_rate_midway_shows_behind_and_the_projected_
             .is_some_and(|s| s.delivered >= 10_000)
     })
     .await;
-    // Its own cap, half the plan (about 1,034/s): it cannot make the deadline.
-    let half = 500.0;
-    let r = api
-        .put(
-            &format!("/api/campaigns/{campaign}"),
-            &format!(r#"{{"send_rate": {half}}}"#),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    // The rate reaches the limiter within a second, and the progress two flushes later.
+    // A second campaign under the same cap, wanting more than half of it: weighted
+    // max-min gives each half, about half of the plan (1,034/s), so the deadline cannot
+    // be met. (20,000 devices: it outlasts the test at its share.)
+    let rival = name("rival");
+    produce_jobs(&topic, &jobs(&rival, 1_000.0, 4, 5_000), None).await;
+    let half = HALVED_CAP / 2.0;
+    wait_for("the rival sending", Duration::from_secs(10), || {
+        sink.campaign(&rival).is_some_and(|s| s.delivered > 0)
+    })
+    .await;
+    // The share reaches the limiter at once, and the progress two flushes later.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let view = api.get(&format!("/api/campaigns/{campaign}")).await.body;
     let now = Utc::now();
@@ -137,6 +147,11 @@ async fn paced_a_cap_that_halves_the_rate_midway_shows_behind_and_the_projected_
         .unwrap_or_else(|| panic!("a projected finish: {view:#}"));
     let expected =
         now + chrono::Duration::milliseconds(((30_000 - delivered) as f64 / half * 1000.0) as i64);
+    eprintln!(
+        "halved: projected {projected}, expected {expected} ({delivered} of 30,000 sent, \
+         {half}/s), deadline {deadline}; eta {}",
+        view["eta"]
+    );
     // The view is as old as the progress it read (a flush and a publish: 2 s), and the
     // devices in flight count as remaining.
     assert!(

@@ -10,7 +10,12 @@ use pushpace::job::window::{LatePolicy, SendWindow, ALL_DAYS};
 
 /// A UTC offset where it is between 14:00 and 15:00 now, as `±HH:00`.
 fn afternoon_zone() -> String {
-    let mut off = 14 - Utc::now().hour() as i32;
+    zone_at(14)
+}
+
+/// A UTC offset where it is between `hour`:00 and `hour`:59 now, as `±HH:00`.
+fn zone_at(hour: i32) -> String {
+    let mut off = hour - Utc::now().hour() as i32;
     if off > 12 {
         off -= 24;
     } else if off < -12 {
@@ -150,4 +155,80 @@ async fn jobs_wait_parked_for_their_zones_window_and_a_passed_time_is_skipped() 
         stats.parked_jobs,
         stats.buffered_jobs
     );
+}
+
+/// A campaign for two zones: its jobs for a zone whose window is closed come first and
+/// are more than its lookahead (20/s × 10 s: 200 devices). They wait parked for their
+/// window, so its jobs for a zone whose window is open go out at once; when its window
+/// is widened, the waiting jobs go too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_waiting_for_its_window_does_not_hold_back_a_zone_whose_window_is_open() {
+    let mut tw = TestWorker::options().prepare().await;
+    let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
+    let id = name("zones");
+    store(
+        &pool,
+        &id,
+        CampaignPatch {
+            send_rate: Some(20.0),
+            send_window: window(9, 21),
+            ..Default::default()
+        },
+    )
+    .await;
+    let asleep: Vec<Job> = zoned(jobs(&id, 20.0, 10, 30), &zone_at(2));
+    let awake: Vec<Job> = zoned(jobs(&format!("{id}-x"), 20.0, 2, 50), &afternoon_zone())
+        .into_iter()
+        .enumerate()
+        .map(|(i, j)| Job {
+            job_id: format!("{id}-awake-{i}"),
+            campaign_id: id.clone(),
+            ..j
+        })
+        .collect();
+    produce_jobs(&topic, &asleep, Some(0)).await;
+    produce_jobs(&topic, &awake, Some(0)).await;
+    tw.start().await;
+    let worker = tw.take_worker();
+    wait_for(
+        "the awake zone's 100 devices sent",
+        GROUP_JOIN_LIMIT,
+        || {
+            sink.campaign(&id)
+                .is_some_and(|s| s.distinct_delivered == 100)
+        },
+    )
+    .await;
+    let stats = worker.consumer_stats.borrow().clone();
+    assert_eq!(stats.window_jobs, 10, "{stats:?}");
+    assert!(stats.buffered_jobs <= 2, "{stats:?}");
+    let awake_tokens = sink
+        .arrivals()
+        .iter()
+        .filter(|a| *a.campaign_id == *id)
+        .filter(|a| a.device_token.contains("-x-"))
+        .count();
+    assert_eq!(awake_tokens, 100, "only the awake zone's devices went");
+    // The window widened to the whole day: the asleep zone's 300 devices go too.
+    store(
+        &pool,
+        &id,
+        CampaignPatch {
+            send_window: Some(None),
+            ..Default::default()
+        },
+    )
+    .await;
+    // 300 devices at 20/s are 15 s, once the change reached the worker (within 1 s).
+    wait_for(
+        "the asleep zone's devices sent",
+        Duration::from_secs(60),
+        || {
+            sink.campaign(&id)
+                .is_some_and(|s| s.distinct_delivered == 400)
+        },
+    )
+    .await;
+    assert_eq!(worker.consumer_stats.borrow().window_jobs, 0);
+    worker.shutdown().await.unwrap();
 }
