@@ -11,7 +11,7 @@ use crate::store::campaign_list::{self, ListQuery};
 use crate::store::campaigns::{self, CampaignStatus, CampaignSummary};
 use crate::store::delivery;
 use crate::store::worker_campaigns::{self, Summed};
-use crate::worker::scheduler::CampaignLive;
+use crate::worker::scheduler::{CampaignLive, MAX_ZONES_SHOWN};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
@@ -67,9 +67,6 @@ pub struct LiveView {
     /// How long it has had work but no share under a cap, because higher classes took
     /// the cap; null while it gets its share.
     pub starved_ms: Option<u64>,
-    /// Under local-time rules: for each zone of the jobs held here, its current or
-    /// next window.
-    pub next_windows: Vec<ZoneWindow>,
 }
 
 /// A zone's current or next window (`opens` may be past while it is open).
@@ -121,7 +118,6 @@ impl From<&CampaignLive> for LiveView {
             waiting_for_app: c.waiting_for_app.as_deref().map(str::to_string),
             ramp: c.ramp,
             starved_ms: c.starved_ms,
-            next_windows: Vec::new(),
         }
     }
 }
@@ -146,6 +142,8 @@ pub struct CampaignView {
 struct Live {
     campaigns: std::sync::Arc<Vec<CampaignLive>>,
     parked: std::sync::Arc<Vec<(std::sync::Arc<str>, u64)>>,
+    /// The zones of each campaign's jobs parked until their window opens.
+    zones: crate::worker::backlog::WindowZones,
     /// Every worker's published figures (this one's included), by campaign.
     summed: HashMap<String, Summed>,
 }
@@ -178,10 +176,11 @@ fn view(summary: CampaignSummary, live: &Live, now: DateTime<Utc>) -> CampaignVi
         },
     };
     let (progress, eta) = lifecycle::progress(&summary, counts);
-    let policy = lifecycle::policy(&summary.campaign, &progress, &eta, now);
+    let mut policy = lifecycle::policy(&summary.campaign, &progress, &eta, now);
+    let zones = zones_here(found, &live.zones, id);
+    policy.next_windows = zone_windows(&summary.campaign.local, &zones, now);
     let live = found.map(|c| LiveView {
         parked_devices: parked,
-        next_windows: zone_windows(&summary.campaign.local, &c.zones, now),
         ..LiveView::from(c)
     });
     CampaignView {
@@ -193,6 +192,26 @@ fn view(summary: CampaignSummary, live: &Live, now: DateTime<Utc>) -> CampaignVi
         policy,
         summary,
     }
+}
+
+/// The zones of the campaign's jobs this worker holds, then of those it has parked
+/// until their window opens (at most [`MAX_ZONES_SHOWN`] in all).
+fn zones_here(
+    found: Option<&CampaignLive>,
+    waiting: &crate::worker::backlog::WindowZones,
+    id: &str,
+) -> Vec<crate::job::window::Zone> {
+    let mut zones = found.map(|c| c.zones.clone()).unwrap_or_default();
+    let parked = waiting.iter().find(|(c, _)| &**c == id);
+    for z in parked.map(|(_, z)| z.as_slice()).unwrap_or_default() {
+        if zones.len() == MAX_ZONES_SHOWN {
+            break;
+        }
+        if !zones.contains(z) {
+            zones.push(*z);
+        }
+    }
+    zones
 }
 
 /// This worker's snapshots, and every worker's published figures (`only`: for one
@@ -210,6 +229,7 @@ async fn live_campaigns(state: &AppState, only: Option<&str>) -> Live {
             .worker()
             .map(|w| w.parked_devices())
             .unwrap_or_default(),
+        zones: state.worker().map(|w| w.window_zones()).unwrap_or_default(),
         summed,
     }
 }

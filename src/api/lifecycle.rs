@@ -164,6 +164,9 @@ pub struct PolicyView {
     /// With a `finish_by`: what the plan of what remains rests on, as the ETA's does:
     /// `total` (the jobs' `campaign_total_devices`) or `known` (what the workers hold).
     pub plan_basis: Option<&'static str>,
+    /// Under local-time rules: each zone of the jobs this worker holds or has parked
+    /// until their window opens, with its current or next window.
+    pub next_windows: Vec<super::handlers::ZoneWindow>,
     /// `send_window`, `deliver_at_local` (when set) and `late_policy`.
     #[serde(flatten)]
     pub local: crate::job::window::LocalPolicy,
@@ -199,6 +202,7 @@ pub fn policy(c: &Campaign, p: &Progress, eta: &Eta, now: DateTime<Utc>) -> Poli
         behind,
         projected_finish,
         plan_basis,
+        next_windows: Vec::new(),
         local: c.local,
     }
 }

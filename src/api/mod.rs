@@ -79,6 +79,11 @@ impl WorkerView {
         self.consumer.borrow().parked_devices.clone()
     }
 
+    /// The zones of each campaign's jobs parked until their window opens.
+    pub fn window_zones(&self) -> crate::worker::backlog::WindowZones {
+        self.consumer.borrow().window_zones.clone()
+    }
+
     /// Each provider's lane: adaptive ceiling, state and recent history.
     pub fn providers(&self) -> Arc<Vec<crate::worker::scheduler::ProviderLive>> {
         self.scheduler.borrow().providers.clone()

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 mod waiting;
 pub use waiting::WaitingJob;
 
+/// The zones of each campaign's jobs waiting for a window.
+pub type WindowZones = Arc<Vec<(Arc<str>, Vec<crate::job::window::Zone>)>>;
+
 /// A job left in Kafka, to be re-read by offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobRef {
@@ -152,6 +155,8 @@ pub struct Backlog {
     parked_snapshot: (u64, ParkedDevices),
     /// Jobs waiting for their zone's local-time window, apart from the lookahead.
     waiting: waiting::Waiting,
+    /// [`Self::waiting_zones`] as of a `parked_version`.
+    zones_snapshot: (u64, WindowZones),
 }
 
 impl Backlog {
@@ -168,6 +173,7 @@ impl Backlog {
             parked_version: 0,
             parked_snapshot: (0, Arc::default()),
             waiting: waiting::Waiting::default(),
+            zones_snapshot: (0, Arc::default()),
         }
     }
 

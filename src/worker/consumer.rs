@@ -59,6 +59,9 @@ pub struct ConsumerStats {
     pub parked_jobs: usize,
     /// Parked jobs waiting for their zone's local-time window to open.
     pub window_jobs: usize,
+    /// The zones of each campaign's jobs waiting for a window (campaigns with none are
+    /// left out).
+    pub window_zones: super::backlog::WindowZones,
     pub paused_partitions: Vec<i32>,
     pub jobs_received: u64,
     /// Parked jobs read from Kafka again: their message was not kept in memory.
@@ -411,6 +414,7 @@ impl Loop {
             st.buffered_devices = s.load.values().map(|l| l.devices).sum();
             st.parked_jobs = s.backlog.parked_total();
             st.window_jobs = s.backlog.waiting_total();
+            st.window_zones = s.backlog.waiting_zones(super::scheduler::MAX_ZONES_SHOWN);
             st.paused_partitions = s
                 .load
                 .iter()

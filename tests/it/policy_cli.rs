@@ -7,7 +7,7 @@ use crate::api::{args, cli, spawn_app, TOKEN};
 use chrono::{SecondsFormat, Utc};
 
 /// Runs `pushpace <list> --api <api>` with the admin token.
-async fn run(api: &str, list: &[&str]) -> (bool, String, String) {
+pub(crate) async fn run(api: &str, list: &[&str]) -> (bool, String, String) {
     let mut a = args(list);
     a.extend(["--api".to_string(), api.to_string()]);
     cli(a, vec![("PUSHPACE_ADMIN_TOKEN", TOKEN.to_string())]).await

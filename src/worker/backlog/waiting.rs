@@ -4,7 +4,7 @@
 //! Kept apart from the lookahead's parked queue, a job waiting for Tokyo's morning does
 //! not hold back the same campaign's jobs for a zone whose window is open now.
 
-use super::{JobRef, Parked};
+use super::{JobRef, Parked, WindowZones};
 use crate::job::window::Zone;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -102,6 +102,26 @@ impl Waiting {
         self.by_campaign.values().flatten().map(|j| j.due_ms).min()
     }
 
+    /// The distinct zones of each campaign's waiting jobs, at most `max` each.
+    pub fn zones(&self, max: usize) -> Vec<(Arc<str>, Vec<Zone>)> {
+        let distinct = |list: &[WaitingJob]| {
+            let mut zones: Vec<Zone> = Vec::new();
+            for j in list {
+                if zones.len() == max {
+                    break;
+                }
+                if !zones.contains(&j.zone) {
+                    zones.push(j.zone);
+                }
+            }
+            zones
+        };
+        self.by_campaign
+            .iter()
+            .map(|(id, l)| (id.clone(), distinct(l)))
+            .collect()
+    }
+
     /// The campaigns with jobs waiting.
     pub fn campaigns(&self) -> Vec<Arc<str>> {
         self.by_campaign.keys().cloned().collect()
@@ -167,6 +187,16 @@ impl super::Backlog {
     /// The campaigns with jobs waiting for a window.
     pub fn waiting_campaigns(&self) -> Vec<Arc<str>> {
         self.waiting.campaigns()
+    }
+
+    /// The zones of each campaign's jobs waiting for a window, at most `max` each
+    /// (rebuilt only after a change: the consumer publishes it every step).
+    pub fn waiting_zones(&mut self, max: usize) -> WindowZones {
+        if self.zones_snapshot.0 != self.parked_version {
+            let list = Arc::new(self.waiting.zones(max));
+            self.zones_snapshot = (self.parked_version, list);
+        }
+        self.zones_snapshot.1.clone()
     }
 
     fn requeue(
@@ -244,6 +274,8 @@ mod tests {
             (2, 2, 2)
         );
         assert_eq!(b.parked_devices().as_slice(), &[(id.clone(), 100)]);
+        let tokyo = Zone::parse("Asia/Tokyo").unwrap();
+        assert_eq!(b.waiting_zones(24).as_slice(), &[(id.clone(), vec![tokyo])]);
         let now = Instant::now();
         assert_eq!(next(&mut b, now), None, "nothing is due");
         assert_eq!(b.release_waiting(4_999, |_| 10.0), 0);

@@ -71,6 +71,7 @@ pub use waits::{WaitHistogram, WAIT_BUCKETS};
 
 pub use lanes::{LanePoint, ProviderLive, HISTORY_S};
 pub use origins::{OriginLive, MAX_ORIGIN_LANES, ORIGIN_IDLE};
+pub use windows::MAX_ZONES_SHOWN;
 
 pub use answers::{MISMATCH_MIN, MISMATCH_WINDOW, PROBE_IN_FLIGHT};
 pub use refusals::{MAX_HALT_RESUMES, REFUSAL_MIN, REFUSAL_WINDOW};

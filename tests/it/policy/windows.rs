@@ -163,7 +163,7 @@ async fn jobs_wait_parked_for_their_zones_window_and_a_passed_time_is_skipped() 
 /// is widened, the waiting jobs go too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zone_waiting_for_its_window_does_not_hold_back_a_zone_whose_window_is_open() {
-    let mut tw = TestWorker::options().prepare().await;
+    let mut tw = TestWorker::options().api().prepare().await;
     let (pool, topic, sink) = (tw.pool.clone(), tw.topic.clone(), tw.sink());
     let id = name("zones");
     store(
@@ -176,7 +176,8 @@ async fn a_zone_waiting_for_its_window_does_not_hold_back_a_zone_whose_window_is
         },
     )
     .await;
-    let asleep: Vec<Job> = zoned(jobs(&id, 20.0, 10, 30), &zone_at(2));
+    let asleep_zone = zone_at(2);
+    let asleep: Vec<Job> = zoned(jobs(&id, 20.0, 10, 30), &asleep_zone);
     let awake: Vec<Job> = zoned(jobs(&format!("{id}-x"), 20.0, 2, 50), &afternoon_zone())
         .into_iter()
         .enumerate()
@@ -189,6 +190,7 @@ async fn a_zone_waiting_for_its_window_does_not_hold_back_a_zone_whose_window_is
     produce_jobs(&topic, &asleep, Some(0)).await;
     produce_jobs(&topic, &awake, Some(0)).await;
     tw.start().await;
+    let api = tw.take_api();
     let worker = tw.take_worker();
     wait_for(
         "the awake zone's 100 devices sent",
@@ -209,6 +211,28 @@ async fn a_zone_waiting_for_its_window_does_not_hold_back_a_zone_whose_window_is
         .filter(|a| a.device_token.contains("-x-"))
         .count();
     assert_eq!(awake_tokens, 100, "only the awake zone's devices went");
+    // The campaign's view names the waiting zone and its next window: 09:00 there.
+    let view = api.get(&format!("/api/campaigns/{id}")).await.body;
+    let next = view["policy"]["next_windows"]
+        .as_array()
+        .expect("next_windows");
+    let entry = next
+        .iter()
+        .find(|w| w["zone"] == asleep_zone.as_str())
+        .unwrap_or_else(|| panic!("no window for {asleep_zone}: {view:#}"));
+    let opens: chrono::DateTime<Utc> = entry["opens"].as_str().unwrap().parse().unwrap();
+    let offset: chrono::FixedOffset = asleep_zone.parse().unwrap();
+    let local = opens.with_timezone(&offset);
+    assert!(opens > Utc::now(), "{entry}");
+    assert_eq!((local.hour(), local.minute()), (9, 0), "{entry}");
+    // And `campaign show` prints it.
+    let (ok, out, err) = crate::policy_cli::run(&api.app.url(), &["campaign", "show", &id]).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("next_window") && l.contains(&format!("{asleep_zone}: opens"))),
+        "{out}"
+    );
     // The window widened to the whole day: the asleep zone's 300 devices go too.
     store(
         &pool,
@@ -231,4 +255,5 @@ async fn a_zone_waiting_for_its_window_does_not_hold_back_a_zone_whose_window_is
     .await;
     assert_eq!(worker.consumer_stats.borrow().window_jobs, 0);
     worker.shutdown().await.unwrap();
+    api.app.stop().await.expect("server stops");
 }
