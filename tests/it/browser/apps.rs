@@ -2,7 +2,8 @@
 //! (status, fingerprint, a halt with its reason), the campaign sending through it as a
 //! link, and the per-second sends of its lane against the ceiling on a uPlot chart; the
 //! token is asked for once. The campaign page names the campaign's app and says why it
-//! waits for it. The worker is a snapshot the test publishes (no broker needed).
+//! waits for it, and the next window of its jobs' zone. The worker is a snapshot the
+//! test publishes (no broker needed).
 
 use super::{browser_lock, Browser};
 use pushpace::limiter::Algorithm;
@@ -45,7 +46,7 @@ fn campaign(id: &str, app: &str) -> CampaignLive {
         ramp: None,
         starved_ms: None,
         finish_by_ms: None,
-        zones: Vec::new(),
+        zones: vec![pushpace::job::window::Zone::parse("Asia/Tokyo").unwrap()],
     }
 }
 
@@ -85,7 +86,12 @@ async fn the_apps_page_shows_a_registered_app_its_campaigns_and_its_lane_in_chro
     .execute(&api.pool)
     .await
     .unwrap();
-    let r = api.put("/api/campaigns/c-1", r#"{"send_rate": 60}"#).await;
+    let r = api
+        .put(
+            "/api/campaigns/c-1",
+            r#"{"send_rate": 60, "send_window": {"from": "09:00", "to": "17:00"}}"#,
+        )
+        .await;
     assert_eq!(r.status, 201, "{}", r.text);
     // The snapshot and the rows published every second, as a worker does.
     let keep_fresh = {
@@ -186,6 +192,23 @@ async fn the_apps_page_shows_a_registered_app_its_campaigns_and_its_lane_in_chro
         .eval("(() => { const w = document.querySelector('#cp-waiting'); return w.hidden ? null : w.textContent; })()")
         .await;
     assert_eq!(waiting, "waiting for app shop-1: halted");
+    // Its jobs held here are for Tokyo: that zone's current or next window.
+    let tokyo = page
+        .wait_until(
+            "Tokyo's next window on the campaign page",
+            Duration::from_secs(10),
+            "(() => { const box = document.querySelector('#cp-next-windows'); \
+             const li = box.querySelector('li[data-zone=\"Asia/Tokyo\"]'); \
+             return !box.hidden && li ? { ok: true, text: li.textContent } : { ok: false }; })()",
+        )
+        .await;
+    let tokyo = tokyo["text"].as_str().unwrap();
+    assert!(
+        tokyo.starts_with("Asia/Tokyo opens ")
+            && tokyo.contains(" · closes ")
+            && !tokyo.contains('–'),
+        "{tokyo}"
+    );
     assert_eq!(
         page.dialogs.len(),
         1,
