@@ -452,7 +452,8 @@ impl Loop {
             s.load.entry(partition).or_default();
         });
         let at = JobRef { partition, offset };
-        if let Some(p) = super::message::peek_message(msg) {
+        let peeked = super::message::peek_message(msg);
+        if let Some(p) = &peeked {
             if self.park_for_window(&p.campaign_id, p.zone, at, p.devices) {
                 return;
             }
@@ -465,7 +466,8 @@ impl Loop {
             return;
         };
         let devices = job.devices.len() as u32;
-        if self.park_for_window(&job.campaign_id, job.zone, at, devices) {
+        // A peeked job's window was decided above, from the same `tz`.
+        if peeked.is_none() && self.park_for_window(&job.campaign_id, job.zone, at, devices) {
             return;
         }
         let settings = self.campaign_settings(&job);

@@ -84,12 +84,7 @@ impl Loop {
                 }
             }
         }
-        let known = &self.known;
-        let defaults = &self.defaults;
-        let rate_of = |id: &str| match known.get(id) {
-            Some((s, _)) => s.rate.as_f64(),
-            None => enrich::provisional(id, None, None, defaults).rate.as_f64(),
-        };
+        let rate_of = |id: &str| self.settings_for(id, None, None).rate.as_f64();
         let mut s = self.state.lock();
         s.backlog.release_waiting(now_ms, rate_of);
     }
